@@ -6,6 +6,8 @@ package rendezvous
 import (
 	"context"
 	"errors"
+	"fmt"
+	"strings"
 	"time"
 )
 
@@ -62,4 +64,50 @@ func withDefaultTimeout(ctx context.Context, d time.Duration) (context.Context, 
 		return ctx, func() {}
 	}
 	return context.WithTimeout(ctx, d)
+}
+
+// OpError reports a failed store operation, naming the keys as they are
+// stored (with any prefix the store adds).
+type OpError struct {
+	Op   string // torch's name of the operation: "get", "add", "compare_set", ...
+	Keys []string
+	Err  error
+}
+
+func (e *OpError) Error() string {
+	var b strings.Builder
+	b.WriteString("rendezvous: ")
+	b.WriteString(e.Op)
+	switch n := len(e.Keys); {
+	case n == 1:
+		fmt.Fprintf(&b, " %q", e.Keys[0])
+	case n > 1:
+		const shown = 8
+		b.WriteString(" [")
+		for i, k := range e.Keys[:min(n, shown)] {
+			if i > 0 {
+				b.WriteByte(' ')
+			}
+			fmt.Fprintf(&b, "%q", k)
+		}
+		if n > shown {
+			fmt.Fprintf(&b, " and %d more", n-shown)
+		}
+		b.WriteByte(']')
+	}
+	b.WriteString(": ")
+	// Our sentinels carry the package prefix already; say it once.
+	b.WriteString(strings.TrimPrefix(e.Err.Error(), "rendezvous: "))
+	return b.String()
+}
+
+func (e *OpError) Unwrap() error { return e.Err }
+
+// waitError is the cause of a wait that ctx ended: ErrTimeout for its
+// deadline, else why it was cancelled.
+func waitError(ctx context.Context) error {
+	if errors.Is(ctx.Err(), context.DeadlineExceeded) {
+		return ErrTimeout
+	}
+	return context.Cause(ctx)
 }

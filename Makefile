@@ -1,0 +1,36 @@
+# gorun: `make run` shows a real job, `make test` runs every test.
+GO          ?= go
+BIN         := bin
+STATICCHECK := honnef.co/go/tools/cmd/staticcheck@v0.8.2
+FUZZTIME    ?= 15s
+
+.PHONY: all build run test fuzz lint bench clean
+
+all: build
+
+build:
+	$(GO) build -o $(BIN)/gorun ./cmd/gorun
+	$(GO) build -o $(BIN)/ ./examples/...
+
+# Four local workers meet through gorun's store and print what they exchanged.
+run: build
+	$(BIN)/gorun --nproc-per-node 4 $(BIN)/demo
+
+test: build
+	$(GO) test -count=1 -timeout 10m ./...
+	$(MAKE) fuzz
+
+# A short run of every fuzz target, as CI does.
+fuzz:
+	$(GO) test -run '^$$' -fuzz '^FuzzDecode$$' -fuzztime $(FUZZTIME) ./rendezvous/
+
+lint:
+	$(GO) vet ./...
+	$(GO) install $(STATICCHECK)
+	"$$($(GO) env GOPATH)/bin/staticcheck" ./...
+
+bench:
+	$(GO) test -run '^$$' -bench . -benchtime 2000x ./rendezvous/
+
+clean:
+	rm -rf $(BIN)

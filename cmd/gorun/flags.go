@@ -1,0 +1,246 @@
+package main
+
+import (
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/rs/zerolog"
+	"github.com/urfave/cli/v2"
+
+	"github.com/gorun/gorun/elastic"
+	"github.com/gorun/gorun/launcher"
+)
+
+// torchrunFlag names a flag the way torchrun does: dashed, with the
+// underscored spelling as an alias and PET_<NAME> as the environment
+// fallback.
+func torchrunFlag(name string) (string, []string, []string) {
+	var aliases []string
+	if alt := strings.ReplaceAll(name, "-", "_"); alt != name {
+		aliases = append(aliases, alt)
+	}
+	env := "PET_" + strings.ToUpper(strings.ReplaceAll(name, "-", "_"))
+	return name, aliases, []string{env}
+}
+
+func stringFlag(name, value, usage string, short ...string) *cli.StringFlag {
+	n, aliases, env := torchrunFlag(name)
+	return &cli.StringFlag{Name: n, Aliases: append(aliases, short...), EnvVars: env, Value: value, Usage: usage}
+}
+
+func boolFlag(name, usage string, short ...string) *cli.BoolFlag {
+	n, aliases, env := torchrunFlag(name)
+	return &cli.BoolFlag{Name: n, Aliases: append(aliases, short...), EnvVars: env, Usage: usage}
+}
+
+func flags() []cli.Flag {
+	return []cli.Flag{
+		stringFlag("nproc-per-node", "1", "workers on this node: an integer, auto, cpu or gpu"),
+		stringFlag("nnodes", "1:1", "number of nodes, N or MIN:MAX"),
+		stringFlag("node-rank", "0", "rank of this node (static rendezvous)"),
+		stringFlag("master-addr", "127.0.0.1", "address of the node that hosts the store (static rendezvous)"),
+		stringFlag("master-port", "", "port of the store (static rendezvous); one node and none given: an ephemeral port"),
+		stringFlag("rdzv-backend", "static", "rendezvous backend: static"),
+		stringFlag("rdzv-endpoint", "", "rendezvous endpoint HOST[:PORT] (static: used instead of --master-addr/--master-port)"),
+		stringFlag("rdzv-id", "none", "job id shared by all nodes (TORCHELASTIC_RUN_ID)"),
+		stringFlag("rdzv-conf", "", "rendezvous settings k1=v1,k2=v2 (timeout=SECONDS bounds store waits)"),
+		boolFlag("standalone", "single-node job: store on an ephemeral loopback port, random run id"),
+		stringFlag("max-restarts", "0", "restarts of the worker group allowed after a failure"),
+		stringFlag("monitor-interval", "0.1", "seconds between health checks of the workers"),
+		stringFlag("role", "default", "role of the workers (ROLE_NAME)"),
+		boolFlag("module", "run PROGRAM as a Python module (python -m)", "m"),
+		boolFlag("no-python", "execute PROGRAM directly, even if it ends in .py"),
+		boolFlag("run-path", "run PROGRAM as a Python file whatever its name"),
+		stringFlag("python", "", "Python interpreter for .py programs (default $PYTHON_EXEC or python3)"),
+		stringFlag("log-dir", "", "folder for <run_id>/attempt_<k>/<local_rank>/{stdout,stderr}.log"),
+		stringFlag("redirects", "0", "streams sent to log files only: 0 none, 1 stdout, 2 stderr, 3 both, or per local rank 0:1,1:2", "r"),
+		stringFlag("tee", "0", "streams sent to log files and the console (same syntax as --redirects)", "t"),
+		stringFlag("local-ranks-filter", "", "local ranks shown on the console, e.g. 0,2 (files keep all)"),
+		stringFlag("local-addr", "", "address this node advertises to workers and peers"),
+		stringFlag("signals-to-handle", "SIGTERM,SIGINT,SIGHUP,SIGQUIT", "signals forwarded to every worker's process group"),
+		stringFlag("shutdown-timeout", "", "seconds between a forwarded signal and SIGKILL (default $TORCH_ELASTIC_SHUTDOWN_TIMEOUT or 30)"),
+		boolFlag("virtual-local-rank", "every worker gets LOCAL_RANK=0 and one GPU in CUDA_VISIBLE_DEVICES"),
+		stringFlag("log-line-prefix-template", "", "console prefix of worker lines; ${rank}, ${local_rank}, ${role_name}, ${host} (default [rank${rank}]: or $TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE)"),
+		boolFlag("timestamps", "start every worker line on the console with the time"),
+		stringFlag("pty", "auto", "give workers a pseudo-terminal as stdout: auto (when gorun's stdout is one), always, never"),
+		stringFlag("log-format", "console", "launcher log format: console or json"),
+		stringFlag("log-level", "", "launcher log level: debug, info, warn, error (default $LOGLEVEL or info)"),
+	}
+}
+
+// specFromFlags turns the command line into the agent's Spec, with an error
+// naming the flag for anything malformed.
+func specFromFlags(c *cli.Context, stderr io.Writer) (elastic.Spec, zerolog.Logger, error) {
+	var errs []error
+	fail := func(err error) { errs = append(errs, err) }
+	intFlag := func(name string) int {
+		n, err := strconv.Atoi(strings.TrimSpace(c.String(name)))
+		if err != nil {
+			fail(fmt.Errorf("--%s %q: want an integer", name, c.String(name)))
+		}
+		return n
+	}
+	secondsFlag := func(name, value string) time.Duration {
+		f, err := strconv.ParseFloat(strings.TrimSpace(value), 64)
+		if err != nil || f < 0 {
+			fail(fmt.Errorf("--%s %q: want a number of seconds", name, value))
+		}
+		return time.Duration(f * float64(time.Second))
+	}
+
+	level := c.String("log-level")
+	if level == "" {
+		level = envOr("LOGLEVEL", "info")
+	}
+	log, err := newLogger(stderr, c.String("log-format"), level)
+	if err != nil {
+		fail(err)
+	}
+
+	s := elastic.Spec{
+		Role:             c.String("role"),
+		RunID:            c.String("rdzv-id"),
+		MasterAddr:       c.String("master-addr"),
+		LocalAddr:        c.String("local-addr"),
+		MaxRestarts:      intFlag("max-restarts"),
+		NodeRank:         intFlag("node-rank"),
+		MonitorInterval:  secondsFlag("monitor-interval", c.String("monitor-interval")),
+		ShutdownTimeout:  secondsFlag("shutdown-timeout", firstNonEmpty(c.String("shutdown-timeout"), os.Getenv("TORCH_ELASTIC_SHUTDOWN_TIMEOUT"), "30")),
+		VirtualLocalRank: c.Bool("virtual-local-rank"),
+		Timestamps:       c.Bool("timestamps"),
+		PrefixTemplate:   firstNonEmpty(c.String("log-line-prefix-template"), os.Getenv("TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE"), "[rank${rank}]: "),
+		ShareStore:       os.Getenv("TORCH_DISABLE_SHARE_RDZV_TCP_STORE") != "1",
+		StoreTimeout:     900 * time.Second,
+		Env:              os.Environ(),
+		Host:             elastic.Hostname(),
+	}
+	if s.NProcPerNode, err = elastic.ResolveNProc(c.String("nproc-per-node"), os.LookupEnv); err != nil {
+		fail(err)
+	}
+	if s.MinNodes, s.MaxNodes, err = elastic.ParseNNodes(c.String("nnodes")); err != nil {
+		fail(err)
+	}
+	if port := c.String("master-port"); port != "" {
+		s.MasterPort = intFlag("master-port")
+	}
+	conf, err := elastic.ParseRdzvConf(c.String("rdzv-conf"))
+	if err != nil {
+		fail(err)
+	}
+	if t, ok := conf["timeout"]; ok {
+		s.StoreTimeout = secondsFlag("rdzv-conf timeout", t)
+	}
+	if endpoint := c.String("rdzv-endpoint"); endpoint != "" {
+		host, port, err := splitEndpoint(endpoint)
+		if err != nil {
+			fail(err)
+		}
+		s.MasterAddr, s.MasterPort = host, port
+	}
+	switch backend := c.String("rdzv-backend"); backend {
+	case "static":
+	case "c10d":
+		fail(fmt.Errorf("--rdzv-backend c10d is not available yet; use static"))
+	default:
+		fail(fmt.Errorf("--rdzv-backend %q: want static", backend))
+	}
+	if c.Bool("standalone") {
+		s.MinNodes, s.MaxNodes, s.NodeRank, s.MasterPort = 1, 1, 0, 0
+		s.MasterAddr = "127.0.0.1"
+		if s.RunID == "none" {
+			s.RunID = randomID()
+		}
+	}
+	if s.Signals, err = elastic.ParseSignals(c.String("signals-to-handle")); err != nil {
+		fail(err)
+	}
+	if s.Redirects, err = launcher.ParseStd(c.String("redirects"), s.NProcPerNode); err != nil {
+		fail(fmt.Errorf("--redirects: %w", err))
+	}
+	if s.Tee, err = launcher.ParseStd(c.String("tee"), s.NProcPerNode); err != nil {
+		fail(fmt.Errorf("--tee: %w", err))
+	}
+	if filter := c.String("local-ranks-filter"); filter != "" {
+		if s.ConsoleRanks, err = launcher.ParseRankFilter(filter, s.NProcPerNode); err != nil {
+			fail(fmt.Errorf("--local-ranks-filter: %w", err))
+		}
+	}
+	switch mode := c.String("pty"); mode {
+	case "auto":
+		s.PTY = isTerminal(os.Stdout)
+	case "always", "never":
+		s.PTY = mode == "always"
+	default:
+		fail(fmt.Errorf("--pty %q: want auto, always or never", mode))
+	}
+	s.LogDir = c.String("log-dir")
+
+	program, args := c.Args().First(), c.Args().Tail()
+	module, noPython, runPath := c.Bool("module"), c.Bool("no-python"), c.Bool("run-path")
+	if module && noPython {
+		fail(errors.New("--module and --no-python exclude each other"))
+	}
+	python := firstNonEmpty(c.String("python"), os.Getenv("PYTHON_EXEC"), "python3")
+	if runPath {
+		s.Argv = append([]string{python, "-u", program}, args...)
+	} else {
+		s.Argv = launcher.Argv(program, args, python, module, noPython)
+	}
+	s.Python = s.Argv[0] == python && !noPython
+
+	if len(errs) == 0 {
+		if err := s.Validate(); err != nil {
+			fail(err)
+		}
+	}
+	if len(errs) > 0 {
+		return s, log, usageError{errors.Join(errs...)}
+	}
+	return s, log, nil
+}
+
+// splitEndpoint parses HOST[:PORT], with IPv6 hosts in brackets.
+func splitEndpoint(endpoint string) (string, int, error) {
+	host, portText := endpoint, ""
+	if i := strings.LastIndex(endpoint, ":"); i >= 0 && !strings.HasSuffix(endpoint, "]") {
+		host, portText = endpoint[:i], endpoint[i+1:]
+	}
+	host = strings.TrimSuffix(strings.TrimPrefix(host, "["), "]")
+	if host == "" {
+		return "", 0, fmt.Errorf("--rdzv-endpoint %q: no host", endpoint)
+	}
+	if portText == "" {
+		return host, 0, nil
+	}
+	port, err := strconv.Atoi(portText)
+	if err != nil || port < 0 || port > 65535 {
+		return "", 0, fmt.Errorf("--rdzv-endpoint %q: bad port %q", endpoint, portText)
+	}
+	return host, port, nil
+}
+
+func firstNonEmpty(values ...string) string {
+	for _, v := range values {
+		if v != "" {
+			return v
+		}
+	}
+	return ""
+}
+
+func envOr(key, fallback string) string {
+	return firstNonEmpty(os.Getenv(key), fallback)
+}
+
+func randomID() string {
+	b := make([]byte, 8)
+	rand.Read(b)
+	return hex.EncodeToString(b)
+}

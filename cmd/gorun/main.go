@@ -1,0 +1,171 @@
+// Command gorun launches distributed workers with torchrun's contract.
+//
+//	gorun --nproc-per-node 4 ./worker --lr 0.1
+//	gorun --nproc-per-node 4 train.py
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"strings"
+
+	"github.com/rs/zerolog"
+	"github.com/urfave/cli/v2"
+
+	"github.com/gorun/gorun/elastic"
+	"github.com/gorun/gorun/launcher"
+	"github.com/gorun/gorun/rendezvous"
+)
+
+// Exit statuses of gorun itself; a finished job exits with its root
+// cause's status instead.
+const (
+	exitAgentError = 1
+	exitUsage      = 2
+)
+
+// usageError marks errors in what the user typed.
+type usageError struct{ err error }
+
+func (e usageError) Error() string { return e.err.Error() }
+func (e usageError) Unwrap() error { return e.err }
+
+func main() {
+	if launcher.MaybeRunKeeper() {
+		return
+	}
+	os.Exit(run(os.Args, os.Stdout, os.Stderr))
+}
+
+// run is main without the process exit, so that the status is decided in one
+// place: the job's result, 2 for bad usage, 1 when gorun itself failed.
+func run(args []string, stdout, stderr io.Writer) int {
+	status := 0
+	app := newApp(stdout, stderr, &status)
+	err := app.Run(args)
+	var ue usageError
+	switch {
+	case err == nil:
+		return status
+	case errors.As(err, &ue):
+		fmt.Fprintf(stderr, "gorun: %v\nRun 'gorun --help' for usage.\n", ue.err)
+		return exitUsage
+	case isFlagError(err):
+		fmt.Fprintf(stderr, "gorun: %v\nRun 'gorun --help' for usage.\n", err)
+		return exitUsage
+	default:
+		fmt.Fprintf(stderr, "gorun: %v\n", err)
+		return exitAgentError
+	}
+}
+
+// isFlagError recognises urfave/cli's own parse errors, which it returns as
+// plain errors from the standard flag package.
+func isFlagError(err error) bool {
+	msg := err.Error()
+	return strings.HasPrefix(msg, "flag provided but not defined") ||
+		strings.HasPrefix(msg, "invalid value") ||
+		strings.HasPrefix(msg, "flag needs an argument")
+}
+
+func newApp(stdout, stderr io.Writer, status *int) *cli.App {
+	return &cli.App{
+		Name:      "gorun",
+		Usage:     "launch distributed workers with torchrun's contract",
+		UsageText: "gorun [flags] PROGRAM [ARGS...]",
+		Description: "Starts --nproc-per-node workers of PROGRAM on this node, hosts the rendezvous store\n" +
+			"(PyTorch TCPStore protocol), gives every worker torchrun's environment (RANK, WORLD_SIZE,\n" +
+			"MASTER_ADDR...), supervises and restarts them, and exits with the root cause's exit code.\n" +
+			"Every flag also reads PET_<NAME> from the environment, as torchrun does.",
+		Flags:           flags(),
+		HideHelpCommand: true,
+		Writer:          stdout,
+		ErrWriter:       stderr,
+		ExitErrHandler:  func(*cli.Context, error) {},
+		Action: func(c *cli.Context) error {
+			if c.NArg() == 0 {
+				return usageError{errors.New("no program given: gorun [flags] PROGRAM [ARGS...]")}
+			}
+			spec, log, err := specFromFlags(c, stderr)
+			if err != nil {
+				return err
+			}
+			code, err := launch(c.Context, spec, log, stdout, stderr)
+			*status = code
+			return err
+		},
+	}
+}
+
+// launch runs the agent for spec and returns the exit status of the job.
+func launch(ctx context.Context, spec elastic.Spec, log zerolog.Logger, stdout, stderr io.Writer) (int, error) {
+	signals := make(chan os.Signal, 4)
+	for _, s := range spec.Signals {
+		signal.Notify(signals, s)
+	}
+	defer signal.Stop(signals)
+
+	exe, err := os.Executable()
+	if err != nil {
+		return 0, fmt.Errorf("find own executable for the keeper: %w", err)
+	}
+	keeper, err := launcher.StartKeeper(exe)
+	if err != nil {
+		return 0, err
+	}
+	defer keeper.Close()
+
+	agent := elastic.NewAgent(spec, elastic.Options{
+		Logger: log, Stdout: stdout, Stderr: stderr,
+		Rendezvous: newRendezvous(spec, log), Signals: signals, Keeper: keeper,
+	})
+	result, err := agent.Run(ctx)
+	if err != nil {
+		return 0, err
+	}
+	elastic.WriteReport(stderr, spec.Argv[0], result)
+	return result.ExitCode, nil
+}
+
+// newLogger builds the launcher's own logger: human-readable by default,
+// JSON with --log-format json.
+func newLogger(w io.Writer, format, level string) (zerolog.Logger, error) {
+	lvl, err := zerolog.ParseLevel(strings.ToLower(level))
+	if err != nil || level == "" {
+		return zerolog.Logger{}, fmt.Errorf("--log-level %q: want debug, info, warn or error", level)
+	}
+	switch format {
+	case "json":
+		return zerolog.New(w).Level(lvl).With().Timestamp().Str("component", "gorun").Logger(), nil
+	case "console", "":
+		cw := zerolog.ConsoleWriter{Out: w, TimeFormat: "15:04:05", NoColor: !isTerminal(w)}
+		return zerolog.New(cw).Level(lvl).With().Timestamp().Logger(), nil
+	}
+	return zerolog.Logger{}, fmt.Errorf("--log-format %q: want console or json", format)
+}
+
+func isTerminal(w io.Writer) bool {
+	f, ok := w.(*os.File)
+	if !ok {
+		return false
+	}
+	fi, err := f.Stat()
+	return err == nil && fi.Mode()&os.ModeCharDevice != 0
+}
+
+// newRendezvous returns the handler for spec's rendezvous backend.
+func newRendezvous(spec elastic.Spec, log zerolog.Logger) rendezvous.Handler {
+	return rendezvous.NewStatic(rendezvous.StaticOptions{
+		RunID:    spec.RunID,
+		NodeRank: spec.NodeRank,
+		NNodes:   spec.MaxNodes,
+		Host:     spec.MasterAddr,
+		Port:     spec.MasterPort,
+		Timeout:  spec.StoreTimeout,
+		Logger:   log,
+	})
+}

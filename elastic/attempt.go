@@ -1,0 +1,201 @@
+package elastic
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"strconv"
+
+	"github.com/rs/zerolog"
+
+	"github.com/gorun/gorun/launcher"
+)
+
+// attempt is one start of the worker group and the output sinks it owns.
+type attempt struct {
+	group      *launcher.Group
+	errorFiles map[int]string // by local rank
+	closers    []io.Closer
+}
+
+// startAttempt builds every worker's environment and output sinks for the
+// given restart count and starts the group.
+func (a *Agent) startAttempt(rk ranks, restart int, master workerEndpoint, logs *logRoot) (*attempt, error) {
+	s := a.spec
+	att := &attempt{errorFiles: make(map[int]string, s.NProcPerNode)}
+	stdout := launcher.NewConsole(a.opts.Stdout, launcher.ConsoleOptions{Timestamps: s.Timestamps, Now: a.now})
+	stderr := launcher.NewConsole(a.opts.Stderr, launcher.ConsoleOptions{Timestamps: s.Timestamps, Now: a.now})
+	specs := make([]launcher.WorkerSpec, s.NProcPerNode)
+	for lr := range specs {
+		rank := rk.BaseRank + lr
+		dir, outPath, errPath, errorFile := launcher.LogPaths(logs.dir, s.RunID, restart, lr)
+		if err := resetDir(dir); err != nil {
+			att.closeOutput()
+			return nil, fmt.Errorf("elastic: log folder of local rank %d: %w", lr, err)
+		}
+		att.errorFiles[lr] = errorFile
+		env := launcher.Env{
+			Base:      s.Env,
+			LocalRank: lr, Rank: rank, LocalWorldSize: s.NProcPerNode, WorldSize: rk.WorldSize,
+			GroupRank: rk.GroupRank, GroupWorldSize: rk.GroupWorldSize,
+			RoleName: s.Role, RoleRank: rk.BaseRoleRank + lr, RoleWorldSize: rk.RoleSize,
+			MasterAddr: master.host, MasterPort: master.port,
+			RestartCount: restart, MaxRestarts: s.MaxRestarts,
+			RunID:            s.RunID,
+			UseAgentStore:    master.agentStore,
+			ErrorFile:        errorFile,
+			VirtualLocalRank: s.VirtualLocalRank,
+			Python:           s.Python,
+			Extra: map[string]string{
+				"GORUN_HOST":      s.Host,
+				"GORUN_LOG_DIR":   dir,
+				"GORUN_NODE_RANK": strconv.Itoa(rk.GroupRank),
+			},
+		}
+		prefix := launcher.FormatPrefix(s.PrefixTemplate, s.Role, rank, lr, s.Host)
+		out, err := att.sink(a.sinkFor(lr, true, logs), stdout, prefix, outPath)
+		if err == nil {
+			specs[lr].Stderr, err = att.sink(a.sinkFor(lr, false, logs), stderr, prefix, errPath)
+		}
+		if err != nil {
+			att.closeOutput()
+			return nil, fmt.Errorf("elastic: output of local rank %d: %w", lr, err)
+		}
+		specs[lr].Stdout = out
+		specs[lr].LocalRank, specs[lr].Rank = lr, rank
+		specs[lr].Argv = s.Argv
+		specs[lr].Env = env.Environ()
+		specs[lr].Dir = s.Dir
+		specs[lr].PTY = s.PTY
+	}
+	group, err := launcher.StartGroup(specs, launcher.GroupOptions{Logger: a.log, Now: a.now, Keeper: a.opts.Keeper})
+	if err != nil {
+		att.closeOutput()
+		return nil, err
+	}
+	att.group = group
+	a.log.Info().Int("restart", restart).Ints("pids", group.Pids()).Msgf("started %d workers", len(specs))
+	return att, nil
+}
+
+// destination says where one stream of one worker goes.
+type destination struct{ console, file bool }
+
+// sinkFor applies torchrun's rules: a redirected stream goes to its file
+// only, a tee'd one to file and console; --log-dir keeps files of every
+// stream; --local-ranks-filter hides the other ranks from the console.
+func (a *Agent) sinkFor(localRank int, stdout bool, logs *logRoot) destination {
+	pick := func(m map[int]launcher.Std) bool {
+		std := m[localRank]
+		if stdout {
+			return std.Stdout()
+		}
+		return std.Stderr()
+	}
+	redirected, teed := pick(a.spec.Redirects), pick(a.spec.Tee)
+	shown := a.spec.ConsoleRanks == nil || a.spec.ConsoleRanks[localRank]
+	return destination{
+		console: shown && (teed || !redirected),
+		file:    logs.keepAll || redirected || teed,
+	}
+}
+
+// sink opens the writer for one stream: the console's prefixed line writer,
+// the log file, both, or nothing.
+func (att *attempt) sink(d destination, console *launcher.Console, prefix, path string) (io.Writer, error) {
+	var ws []io.Writer
+	if d.console {
+		w := console.Writer(prefix)
+		att.closers = append(att.closers, w)
+		ws = append(ws, w)
+	}
+	if d.file {
+		f, err := os.Create(path)
+		if err != nil {
+			return nil, err
+		}
+		att.closers = append(att.closers, f)
+		ws = append(ws, f)
+	}
+	switch len(ws) {
+	case 0:
+		return io.Discard, nil
+	case 1:
+		return ws[0], nil
+	}
+	return io.MultiWriter(ws...), nil
+}
+
+// closeOutput flushes partial console lines and closes the log files.
+func (att *attempt) closeOutput() {
+	for _, c := range att.closers {
+		c.Close()
+	}
+	att.closers = nil
+}
+
+// failure turns a failed exit into a report entry with its error file.
+func (att *attempt) failure(e launcher.Exit, host string) Failure {
+	f := Failure{Exit: e, Host: host}
+	path := att.errorFiles[e.LocalRank]
+	if info, err := launcher.ReadErrorFile(path); err == nil && info != nil {
+		f.Error, f.ErrorFile = info, path
+	}
+	return f
+}
+
+// logRoot is the folder that receives per-rank logs and error files.
+type logRoot struct {
+	dir string
+	// keepAll is set when the user chose the folder: every stream is kept.
+	keepAll bool
+	// temporary folders hold only error files unless a stream is redirected.
+	temporary bool
+}
+
+func newLogRoot(s Spec) (*logRoot, error) {
+	if s.LogDir != "" {
+		if err := os.MkdirAll(s.LogDir, 0o755); err != nil {
+			return nil, fmt.Errorf("elastic: --log-dir: %w", err)
+		}
+		return &logRoot{dir: s.LogDir, keepAll: true}, nil
+	}
+	dir, err := os.MkdirTemp("", "gorun-"+filepath.Base(s.RunID)+"-")
+	if err != nil {
+		return nil, fmt.Errorf("elastic: log folder: %w", err)
+	}
+	return &logRoot{dir: dir, temporary: true}, nil
+}
+
+// cleanup removes a temporary folder unless a stream was sent to it.
+func (l *logRoot) cleanup(log zerolog.Logger) {
+	if !l.temporary {
+		return
+	}
+	if hasLogFiles(l.dir) {
+		log.Info().Str("log_dir", l.dir).Msg("worker logs kept")
+		return
+	}
+	os.RemoveAll(l.dir)
+}
+
+func hasLogFiles(dir string) bool {
+	found := errors.New("found")
+	err := filepath.WalkDir(dir, func(path string, d os.DirEntry, err error) error {
+		if err == nil && !d.IsDir() && filepath.Ext(path) == ".log" {
+			return found
+		}
+		return nil
+	})
+	return err == found
+}
+
+// resetDir empties dir, as torchrun wipes an attempt folder it reuses.
+func resetDir(dir string) error {
+	if err := os.RemoveAll(dir); err != nil {
+		return err
+	}
+	return os.MkdirAll(dir, 0o755)
+}

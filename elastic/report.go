@@ -1,0 +1,99 @@
+package elastic
+
+import (
+	"fmt"
+	"io"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/gorun/gorun/launcher"
+)
+
+// Failure is one worker that ended badly, with what its error file said.
+type Failure struct {
+	launcher.Exit
+	Host      string
+	ErrorFile string
+	// Error is the worker's error file, nil when it wrote none.
+	Error *launcher.ErrorInfo
+}
+
+// When is the moment the failure happened: the error file's timestamp when
+// the worker wrote one (it is closer to the cause), else when it exited.
+func (f Failure) When() time.Time {
+	if f.Error != nil && !f.Error.Timestamp.IsZero() {
+		return f.Error.Timestamp
+	}
+	return f.Time
+}
+
+// sortRootCauseFirst orders failures by time, so the first one is the root
+// cause, as torchrun defines it (first observed failure).
+func sortRootCauseFirst(fs []Failure) {
+	sort.SliceStable(fs, func(i, j int) bool { return fs[i].When().Before(fs[j].When()) })
+}
+
+// Result is how a job ended on this node.
+type Result struct {
+	// Failures of the last attempt, root cause first; empty on success.
+	Failures []Failure
+	// ExitCode is what gorun exits with: 0, the root cause's exit code
+	// (128+signal for a signal), or 128+signal when gorun itself was signalled.
+	ExitCode int
+	// Restarts is how many times the worker group was restarted.
+	Restarts int
+	// Interrupted is the signal that stopped the job, if any.
+	Interrupted string
+}
+
+const reportWidth = 60
+
+// WriteReport prints torchrun's failure table for r, root cause first.
+func WriteReport(w io.Writer, name string, r *Result) {
+	if len(r.Failures) == 0 {
+		return
+	}
+	var b strings.Builder
+	thick, thin := strings.Repeat("=", reportWidth), strings.Repeat("-", reportWidth)
+	fmt.Fprintf(&b, "%s\n%s FAILED\n%s\n", thick, name, thin)
+	b.WriteString("Root Cause (first observed failure):\n")
+	writeFailure(&b, 0, r.Failures[0])
+	b.WriteString(thin + "\nOther Failures:\n")
+	if len(r.Failures) == 1 {
+		b.WriteString("  <NO_OTHER_FAILURES>\n")
+	}
+	for i, f := range r.Failures[1:] {
+		writeFailure(&b, i+1, f)
+	}
+	b.WriteString(thick + "\n")
+	io.WriteString(w, b.String())
+}
+
+func writeFailure(b *strings.Builder, i int, f Failure) {
+	errorFile, traceback := "<N/A>", ""
+	if f.Error != nil {
+		errorFile = f.ErrorFile
+		traceback = f.Error.Message
+		if f.Error.Traceback != "" {
+			traceback += "\n" + f.Error.Traceback
+		}
+	}
+	if traceback == "" && f.Signal != 0 {
+		traceback = fmt.Sprintf("Signal %d (%s) received by PID %d", int(f.Signal), signalName(f.Signal), f.Pid)
+	}
+	if traceback == "" {
+		traceback = "<N/A> (the worker wrote no error file)"
+	}
+	fmt.Fprintf(b, "[%d]:\n", i)
+	fmt.Fprintf(b, "  time      : %s\n", f.When().Format("2006-01-02_15:04:05"))
+	fmt.Fprintf(b, "  host      : %s\n", f.Host)
+	fmt.Fprintf(b, "  rank      : %d (local_rank: %d)\n", f.Rank, f.LocalRank)
+	fmt.Fprintf(b, "  exitcode  : %s (pid: %d)\n", f.Exit.String(), f.Pid)
+	fmt.Fprintf(b, "  error_file: %s\n", errorFile)
+	fmt.Fprintf(b, "  traceback : %s\n", indentContinuation(traceback, "              "))
+}
+
+func indentContinuation(s, indent string) string {
+	return strings.ReplaceAll(strings.TrimRight(s, "\n"), "\n", "\n"+indent)
+}

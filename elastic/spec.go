@@ -1,0 +1,100 @@
+// Package elastic is the per-node agent: it decides WHEN workers start. It
+// runs the rendezvous, assigns ranks, starts the worker group through the
+// launcher, watches it, restarts it within the restart budget, and reports
+// failures with the root cause first.
+package elastic
+
+import (
+	"errors"
+	"fmt"
+	"syscall"
+	"time"
+
+	"github.com/gorun/gorun/launcher"
+)
+
+// Spec is everything the agent needs to run one job on this node. The CLI
+// fills it from torchrun's flags.
+type Spec struct {
+	// Argv is the worker command line (see launcher.Argv).
+	Argv []string
+	// Python reports whether the program is a Python script or module.
+	Python bool
+
+	NProcPerNode int
+	MinNodes     int
+	MaxNodes     int
+	NodeRank     int
+	Role         string
+	RunID        string
+
+	// MasterAddr and MasterPort name the store of the static rendezvous.
+	// MasterPort 0 on a single node means: host it on an ephemeral port.
+	MasterAddr string
+	MasterPort int
+	// LocalAddr is the address this node advertises to workers and peers.
+	LocalAddr string
+	// ShareStore gives workers the agent's store (TORCHELASTIC_USE_AGENT_STORE);
+	// otherwise worker rank 0 hosts its own on a port the agent chose.
+	ShareStore bool
+	// StoreTimeout bounds waits on the rendezvous store.
+	StoreTimeout time.Duration
+
+	MaxRestarts      int
+	MonitorInterval  time.Duration
+	ShutdownTimeout  time.Duration
+	Signals          []syscall.Signal
+	VirtualLocalRank bool
+
+	// LogDir receives <run_id>/attempt_<k>/<local_rank>/{stdout,stderr}.log;
+	// empty means a temporary folder that holds only the error files.
+	LogDir string
+	// Redirects and Tee say, per local rank, which streams go to files only
+	// and which go to files and the console.
+	Redirects map[int]launcher.Std
+	Tee       map[int]launcher.Std
+	// ConsoleRanks limits the console to these local ranks; nil shows all.
+	ConsoleRanks map[int]bool
+	// PrefixTemplate formats each console line's prefix (launcher.FormatPrefix).
+	PrefixTemplate string
+	Timestamps     bool
+	// PTY gives workers a pseudo-terminal for stdout.
+	PTY bool
+	// Dir is the workers' working directory ("" = the agent's).
+	Dir string
+	// Env is the environment workers inherit.
+	Env []string
+	// Host names this node in reports.
+	Host string
+}
+
+// Validate reports the first inconsistency in s, in the words of the flag
+// that causes it.
+func (s *Spec) Validate() error {
+	var errs []error
+	if len(s.Argv) == 0 || s.Argv[0] == "" {
+		errs = append(errs, errors.New("no program to run"))
+	}
+	if s.NProcPerNode < 1 {
+		errs = append(errs, fmt.Errorf("--nproc-per-node must be at least 1, got %d", s.NProcPerNode))
+	}
+	if s.MinNodes < 1 || s.MinNodes > s.MaxNodes {
+		errs = append(errs, fmt.Errorf("--nnodes %d:%d: want 0 < min <= max", s.MinNodes, s.MaxNodes))
+	}
+	if s.NodeRank < 0 || s.NodeRank >= s.MaxNodes {
+		errs = append(errs, fmt.Errorf("--node-rank %d is outside 0..%d", s.NodeRank, s.MaxNodes-1))
+	}
+	if s.MaxRestarts < 0 {
+		errs = append(errs, fmt.Errorf("--max-restarts must not be negative, got %d", s.MaxRestarts))
+	}
+	if s.MasterPort < 0 || s.MasterPort > 65535 {
+		errs = append(errs, fmt.Errorf("--master-port %d is not a TCP port", s.MasterPort))
+	}
+	if s.MaxNodes > 1 && s.MasterPort == 0 {
+		errs = append(errs, errors.New("--master-port is required with more than one node"))
+	}
+	if s.ShutdownTimeout < 0 {
+		errs = append(errs, fmt.Errorf("--shutdown-timeout must not be negative, got %s", s.ShutdownTimeout))
+	}
+	return errors.Join(errs...)
+}

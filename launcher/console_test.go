@@ -1,0 +1,145 @@
+package launcher
+
+import (
+	"bytes"
+	"fmt"
+	"math/rand/v2"
+	"regexp"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+	"unicode/utf8"
+)
+
+func TestFormatPrefix(t *testing.T) {
+	tests := []struct{ template, want string }{
+		{DefaultPrefixTemplate, "[rank5]: "},
+		{"[${role_name}${local_rank}]:", "[trainer1]:"},
+		{"${host}:${rank} ${unknown} $rank", "node0:5 ${unknown} $rank"},
+	}
+	for _, tt := range tests {
+		if got := FormatPrefix(tt.template, "trainer", 5, 1, "node0"); got != tt.want {
+			t.Errorf("FormatPrefix(%q) = %q, want %q", tt.template, got, tt.want)
+		}
+	}
+}
+
+// Writers of many workers, each writing its lines in random pieces, must
+// never mix two lines.
+func TestConsoleNeverInterleavesLines(t *testing.T) {
+	t.Parallel()
+	const writers, lines = 8, 200
+	var out bytes.Buffer
+	console := NewConsole(&out, ConsoleOptions{})
+	var wg sync.WaitGroup
+	for id := range writers {
+		wg.Go(func() {
+			w := console.Writer(fmt.Sprintf("[w%d] ", id))
+			defer w.Close()
+			rng := rand.New(rand.NewPCG(uint64(id), 1))
+			var stream []byte
+			for n := range lines {
+				stream = fmt.Appendf(stream, "w%d-line-%d-%s\n", id, n, strings.Repeat("x", rng.IntN(300)))
+			}
+			for len(stream) > 0 {
+				piece := min(len(stream), 1+rng.IntN(64))
+				w.Write(stream[:piece])
+				stream = stream[piece:]
+			}
+		})
+	}
+	wg.Wait()
+
+	line := regexp.MustCompile(`^\[w(\d+)\] w(\d+)-line-(\d+)-x*$`)
+	next := make(map[string]int)
+	for _, text := range strings.Split(strings.TrimSuffix(out.String(), "\n"), "\n") {
+		m := line.FindStringSubmatch(text)
+		if m == nil || m[1] != m[2] {
+			t.Fatalf("mangled line %q", text)
+		}
+		if n, _ := strconv.Atoi(m[3]); n != next[m[1]] {
+			t.Fatalf("writer %s: line %d after line %d", m[1], n, next[m[1]]-1)
+		}
+		next[m[1]]++
+	}
+	for id := range writers {
+		if got := next[strconv.Itoa(id)]; got != lines {
+			t.Errorf("writer %d: %d lines, want %d", id, got, lines)
+		}
+	}
+}
+
+func TestConsoleLines(t *testing.T) {
+	var out bytes.Buffer
+	w := NewConsole(&out, ConsoleOptions{}).Writer("[rank0]: ")
+	for _, piece := range []string{"dos\r\n", "split ", "line\r", "\nunix\n", "\n", "partial"} {
+		w.Write([]byte(piece))
+	}
+	if want := "[rank0]: dos\n[rank0]: split line\n[rank0]: unix\n[rank0]: \n"; out.String() != want {
+		t.Errorf("before Close: %q, want %q", out.String(), want)
+	}
+	if err := w.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.HasSuffix(out.String(), "[rank0]: partial\n") {
+		t.Errorf("Close did not flush the partial line: %q", out.String())
+	}
+	if _, err := w.Write([]byte("late\n")); err == nil {
+		t.Error("Write after Close succeeded")
+	}
+	if err := w.Close(); err != nil {
+		t.Errorf("second Close: %v", err)
+	}
+}
+
+func TestConsoleTimestamps(t *testing.T) {
+	var out bytes.Buffer
+	now := time.Date(2026, 11, 21, 21, 56, 10, 123e6, time.UTC)
+	w := NewConsole(&out, ConsoleOptions{Timestamps: true, Now: func() time.Time { return now }}).Writer("[rank1]: ")
+	w.Write([]byte("hello\n"))
+	if want := "2026-11-21T21:56:10.123Z [rank1]: hello\n"; out.String() != want {
+		t.Errorf("got %q, want %q", out.String(), want)
+	}
+}
+
+func TestConsoleSplitsLongLines(t *testing.T) {
+	var out bytes.Buffer
+	w := NewConsole(&out, ConsoleOptions{}).Writer("> ")
+	// A partial line is cut as soon as it is too long, not buffered whole.
+	long := strings.Repeat("€", 50000) // 150000 bytes, 3 per rune
+	for piece := range chunks(long, 4096) {
+		w.Write([]byte(piece))
+	}
+	if n := strings.Count(out.String(), "\n"); n != 2 {
+		t.Errorf("%d lines printed before the line ended, want 2", n)
+	}
+	w.Write([]byte("\n"))
+	w.Write([]byte(long + "\n")) // and so is a whole one
+
+	var joined strings.Builder
+	for _, line := range strings.Split(strings.TrimSuffix(out.String(), "\n"), "\n") {
+		body, ok := strings.CutPrefix(line, "> ")
+		if !ok || len(body) > MaxLineLength || !utf8.ValidString(body) {
+			t.Fatalf("bad piece: prefix %v, %d bytes, valid UTF-8 %v", ok, len(body), utf8.ValidString(body))
+		}
+		joined.WriteString(body)
+	}
+	if joined.String() != long+long {
+		t.Error("pieces do not add up to the lines written")
+	}
+}
+
+// chunks cuts s into pieces of n bytes.
+func chunks(s string, n int) func(func(string) bool) {
+	return func(yield func(string) bool) {
+		for len(s) > 0 {
+			piece := s[:min(n, len(s))]
+			s = s[len(piece):]
+			if !yield(piece) {
+				return
+			}
+		}
+	}
+}

@@ -1,0 +1,406 @@
+package launcher
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/rs/zerolog"
+	"golang.org/x/sys/unix"
+)
+
+const (
+	// outputDrain bounds how long a worker's Exit waits for its output after
+	// the worker died: a process that escaped its group (setsid) can hold the
+	// pipe open forever.
+	outputDrain = 2 * time.Second
+	// killWait bounds the wait after SIGKILL. A SIGKILLed process dies at
+	// once unless it is stuck in the kernel (uninterruptible sleep).
+	killWait = 10 * time.Second
+)
+
+// WorkerSpec is one process to start.
+type WorkerSpec struct {
+	LocalRank, Rank int
+	// Argv is the command line; argv[0] without a slash is looked up in the
+	// PATH of Env (not the agent's).
+	Argv []string
+	Env  []string // the whole environment (nil = the agent's)
+	Dir  string   // working directory ("" = the agent's)
+	// Stdout and Stderr receive the raw byte streams; nil discards. They are
+	// written from separate goroutines (so the same writer for both must be
+	// safe for concurrent use, as Console writers and files are), and never
+	// closed: the caller closes them after the worker's Exit, which arrives
+	// once all output has been copied. A failing writer loses the rest of
+	// the stream but never blocks the worker.
+	Stdout, Stderr io.Writer
+	// PTY gives the worker a pseudo-terminal as stdout, so C stdio and
+	// Python line-buffer instead of block-buffering; stderr stays a pipe.
+	PTY bool
+}
+
+// Exit describes how one worker ended.
+type Exit struct {
+	LocalRank, Rank, Pid int
+	ExitCode             int            // exit status, 128+signal when killed by a signal, -1 if unknown
+	Signal               syscall.Signal // 0 unless killed by a signal
+	Time                 time.Time      // when the agent observed the exit
+}
+
+// Failed reports whether the worker did not exit with status 0.
+func (e Exit) Failed() bool { return e.ExitCode != 0 }
+
+// String is "exitcode 3" or "signal 9 (SIGKILL)".
+func (e Exit) String() string {
+	if e.Signal != 0 {
+		return fmt.Sprintf("signal %d (%s)", int(e.Signal), unix.SignalName(e.Signal))
+	}
+	return fmt.Sprintf("exitcode %d", e.ExitCode)
+}
+
+// StartError reports a worker that could not be started.
+type StartError struct {
+	LocalRank int
+	Argv0     string
+	Err       error
+}
+
+func (e *StartError) Error() string {
+	return fmt.Sprintf("launcher: start local rank %d (%q): %v", e.LocalRank, e.Argv0, e.Err)
+}
+
+func (e *StartError) Unwrap() error { return e.Err }
+
+// GroupOptions configures StartGroup.
+type GroupOptions struct {
+	Logger zerolog.Logger
+	Now    func() time.Time // stamps Exit.Time (nil = time.Now)
+	// Keeper, when set, records every worker's process group so that the
+	// group is killed even if the agent is.
+	Keeper *Keeper
+}
+
+// Group is a set of running workers, each the leader of its own process
+// group. One goroutine per worker reaps it and sends its Exit.
+type Group struct {
+	log     zerolog.Logger
+	now     func() time.Time
+	keeper  *Keeper
+	workers []*worker // in spec order; fixed once StartGroup returns
+
+	reapers sync.WaitGroup
+	exits   chan Exit     // buffered for every worker, so reapers never block
+	done    chan struct{} // closed with exits, once every Exit has been sent
+}
+
+// worker is one started process.
+type worker struct {
+	localRank, rank, pid int
+	log                  zerolog.Logger
+	cmd                  *exec.Cmd
+	outputs              []output
+	copying              sync.WaitGroup // one per output, done at its EOF
+
+	mu     sync.Mutex
+	exited bool // the process is dead: its pid may not be signalled again
+}
+
+// StartGroup starts every worker, each in its own process group and bound to
+// die with the agent. If one fails to start, the workers already started are
+// killed and the error, a *StartError, names the failing local rank.
+func StartGroup(specs []WorkerSpec, opts GroupOptions) (*Group, error) {
+	g := &Group{
+		log:    opts.Logger,
+		now:    opts.Now,
+		keeper: opts.Keeper,
+		exits:  make(chan Exit, len(specs)),
+		done:   make(chan struct{}),
+	}
+	if g.now == nil {
+		g.now = time.Now
+	}
+	var startErr error
+	for _, spec := range specs {
+		w, err := g.start(spec)
+		if err != nil {
+			startErr = &StartError{LocalRank: spec.LocalRank, Argv0: argv0(spec.Argv), Err: err}
+			break
+		}
+		g.workers = append(g.workers, w)
+	}
+	go func() {
+		g.reapers.Wait()
+		close(g.exits)
+		close(g.done)
+	}()
+	if startErr != nil {
+		g.log.Error().Err(startErr).Msg("worker failed to start; killing the others")
+		g.Stop(syscall.SIGKILL, 0)
+		return nil, startErr
+	}
+	return g, nil
+}
+
+// Exits delivers one Exit per worker in the order they end, each after the
+// worker's output has been copied; it is closed after the last one.
+func (g *Group) Exits() <-chan Exit { return g.exits }
+
+// Pids returns the workers' pids (each also its process group id) in the
+// order of the specs.
+func (g *Group) Pids() []int {
+	pids := make([]int, len(g.workers))
+	for i, w := range g.workers {
+		pids[i] = w.pid
+	}
+	return pids
+}
+
+// Signal sends sig to the whole process group of every live worker, which
+// includes whatever the worker started and left in its group.
+func (g *Group) Signal(sig syscall.Signal) error {
+	var errs []error
+	for _, w := range g.workers {
+		errs = append(errs, w.signal(sig))
+	}
+	return errors.Join(errs...)
+}
+
+// Stop sends sig to every live worker's process group, waits up to grace for
+// them to end, SIGKILLs the groups still alive, and waits (bounded) until
+// every worker has been reaped and its output copied.
+func (g *Group) Stop(sig syscall.Signal, grace time.Duration) {
+	g.log.Info().Str("signal", unix.SignalName(sig)).Dur("grace", grace).Msg("stopping workers")
+	g.signalAndLog(sig)
+	if sig != syscall.SIGKILL && !g.wait(grace) {
+		g.log.Warn().Ints("pids", g.livePids()).Msg("workers outlived the grace period; sending SIGKILL")
+		g.signalAndLog(syscall.SIGKILL)
+	}
+	if !g.wait(killWait + outputDrain) {
+		g.log.Error().Ints("pids", g.livePids()).Msg("workers not reaped after SIGKILL; giving up on them")
+	}
+}
+
+func (g *Group) signalAndLog(sig syscall.Signal) {
+	if err := g.Signal(sig); err != nil {
+		g.log.Warn().Err(err).Msg("signalling workers")
+	}
+}
+
+// wait reports whether every Exit was sent within d.
+func (g *Group) wait(d time.Duration) bool {
+	timer := time.NewTimer(d)
+	defer timer.Stop()
+	select {
+	case <-g.done:
+		return true
+	case <-timer.C:
+		return false
+	}
+}
+
+func (g *Group) livePids() []int {
+	var pids []int
+	for _, w := range g.workers {
+		w.mu.Lock()
+		if !w.exited {
+			pids = append(pids, w.pid)
+		}
+		w.mu.Unlock()
+	}
+	return pids
+}
+
+// start starts one worker and the goroutines that copy its output and reap it.
+func (g *Group) start(spec WorkerSpec) (*worker, error) {
+	cmd, outputs, err := startProcess(spec)
+	if err != nil {
+		return nil, err
+	}
+	w := &worker{
+		localRank: spec.LocalRank,
+		rank:      spec.Rank,
+		pid:       cmd.Process.Pid,
+		cmd:       cmd,
+		outputs:   outputs,
+	}
+	w.log = g.log.With().Int("local_rank", w.localRank).Int("rank", w.rank).Int("pid", w.pid).Logger()
+	if err := g.keeper.Track(w.pid); err != nil {
+		w.log.Warn().Err(err).Msg("keeper lost: the worker's children may outlive a killed agent")
+	}
+	w.log.Debug().Strs("argv", spec.Argv).Msg("worker started")
+	for _, out := range outputs {
+		w.copying.Go(func() { out.copy(w.log) })
+	}
+	g.reapers.Go(func() { g.exits <- g.reap(w) })
+	return w, nil
+}
+
+// reap waits for w to die, clears its process group, and returns its Exit
+// once its output has been copied.
+func (g *Group) reap(w *worker) Exit {
+	if err := awaitExit(w.pid); err != nil {
+		w.log.Warn().Err(err).Msg("waitid")
+	}
+	observed := g.now()
+	w.markExited()
+	if err := g.keeper.Untrack(w.pid); err != nil {
+		w.log.Warn().Err(err).Msg("keeper lost")
+	}
+	_ = w.cmd.Wait() // the exit status is in ProcessState
+	w.finishOutput()
+	exit := w.exitAt(observed)
+	w.log.Info().Stringer("exit", exit).Msg("worker exited")
+	return exit
+}
+
+// markExited kills whatever is left in the dead worker's process group and
+// forbids signalling it again, before the pid is released by reaping. The
+// leader is dead, so nothing legitimate remains in the group: gorun, like
+// mpirun, does not leave a worker's children behind.
+func (w *worker) markExited() {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if err := syscall.Kill(-w.pid, syscall.SIGKILL); err != nil && !errors.Is(err, syscall.ESRCH) {
+		w.log.Warn().Err(err).Msg("killing the process group of an exited worker")
+	}
+	w.exited = true
+}
+
+func (w *worker) signal(sig syscall.Signal) error {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.exited {
+		return nil
+	}
+	if err := syscall.Kill(-w.pid, sig); err != nil && !errors.Is(err, syscall.ESRCH) {
+		return fmt.Errorf("launcher: signal local rank %d (pgid %d): %w", w.localRank, w.pid, err)
+	}
+	return nil
+}
+
+// finishOutput waits for every output to reach EOF, at most outputDrain;
+// then it closes the read ends, losing what a lingering process writes later.
+func (w *worker) finishOutput() {
+	copied := make(chan struct{})
+	go func() {
+		w.copying.Wait()
+		close(copied)
+	}()
+	timer := time.NewTimer(outputDrain)
+	defer timer.Stop()
+	select {
+	case <-copied:
+		closeSources(w.outputs)
+	case <-timer.C:
+		w.log.Warn().Msg("a process outside the worker's group holds its output open; closing it")
+		closeSources(w.outputs) // ends the copies
+		<-copied
+	}
+}
+
+func (w *worker) exitAt(observed time.Time) Exit {
+	exit := Exit{LocalRank: w.localRank, Rank: w.rank, Pid: w.pid, ExitCode: -1, Time: observed}
+	if w.cmd.ProcessState == nil {
+		w.log.Error().Msg("exit status unknown")
+		return exit
+	}
+	status := w.cmd.ProcessState.Sys().(syscall.WaitStatus)
+	if status.Signaled() {
+		exit.Signal = status.Signal()
+		exit.ExitCode = 128 + int(exit.Signal)
+	} else {
+		exit.ExitCode = status.ExitStatus()
+	}
+	return exit
+}
+
+// startProcess starts the worker described by spec and returns the outputs
+// to copy from.
+func startProcess(spec WorkerSpec) (*exec.Cmd, []output, error) {
+	if len(spec.Argv) == 0 {
+		return nil, nil, errors.New("empty command line")
+	}
+	env := spec.Env
+	if env == nil {
+		env = os.Environ()
+	}
+	path, err := lookPath(spec.Argv[0], env)
+	if err != nil {
+		return nil, nil, err
+	}
+	cmd := &exec.Cmd{
+		Path:        path,
+		Args:        slices.Clone(spec.Argv),
+		Env:         env,
+		Dir:         spec.Dir,
+		SysProcAttr: workerAttr(spec.PTY),
+	}
+	var s streams
+	defer s.closeChildEnds()
+	if spec.PTY {
+		cmd.Stdout, err = s.terminal("stdout", spec.Stdout)
+	} else {
+		cmd.Stdout, err = s.pipe("stdout", spec.Stdout)
+	}
+	if err == nil {
+		cmd.Stderr, err = s.pipe("stderr", spec.Stderr)
+	}
+	if err == nil {
+		err = startUnlocked(cmd)
+	}
+	if err != nil {
+		closeSources(s.outputs)
+		return nil, nil, err
+	}
+	return cmd, s.outputs, nil
+}
+
+// startUnlocked starts cmd from a fresh goroutine, which no caller can have
+// locked to its OS thread; see workerAttr for why that matters.
+func startUnlocked(cmd *exec.Cmd) error {
+	started := make(chan error, 1)
+	go func() { started <- cmd.Start() }()
+	return <-started
+}
+
+// lookPath finds a command name without a slash in the PATH of the worker's
+// environment, as execvp in the worker would; exec.LookPath would search the
+// agent's PATH instead. Like exec.LookPath, it refuses a match relative to
+// the current directory.
+func lookPath(file string, env []string) (string, error) {
+	if strings.Contains(file, "/") {
+		return file, nil
+	}
+	path, _ := newEnviron(env).lookup("PATH")
+	for _, dir := range filepath.SplitList(path) {
+		candidate := filepath.Join(dir, file)
+		if !isExecutable(candidate) {
+			continue
+		}
+		if !filepath.IsAbs(candidate) {
+			return "", &exec.Error{Name: file, Err: exec.ErrDot}
+		}
+		return candidate, nil
+	}
+	return "", &exec.Error{Name: file, Err: exec.ErrNotFound}
+}
+
+func isExecutable(path string) bool {
+	info, err := os.Stat(path)
+	return err == nil && info.Mode().IsRegular() && info.Mode().Perm()&0o111 != 0
+}
+
+func argv0(argv []string) string {
+	if len(argv) == 0 {
+		return ""
+	}
+	return argv[0]
+}

@@ -1,0 +1,158 @@
+package launcher
+
+import (
+	"bufio"
+	"errors"
+	"fmt"
+	"io"
+	"maps"
+	"os"
+	"os/exec"
+	"os/signal"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+)
+
+// keeperEnv marks a process started by StartKeeper.
+const keeperEnv = "GORUN_KEEPER"
+
+// Keeper is the agent's end of a guardian process that SIGKILLs the
+// recorded process groups when the agent goes away, however it goes: the
+// kernel closes the agent's end of the pipe even on kill -9, and the keeper
+// acts on that EOF. A nil *Keeper records nothing.
+//
+// The protocol is one line per change on the keeper's stdin: "+<pgid>" to
+// record a group, "-<pgid>" to forget it.
+type Keeper struct {
+	cmd *exec.Cmd
+
+	mu      sync.Mutex
+	records *os.File // write end of the keeper's stdin; nil once closed
+}
+
+// StartKeeper starts exe (normally the agent's own binary, os.Executable)
+// with args as the keeper; exe's main must call MaybeRunKeeper first thing.
+// The keeper runs in a process group of its own, so that a Ctrl-C at the
+// terminal does not reach it.
+func StartKeeper(exe string, args ...string) (*Keeper, error) {
+	r, w, err := os.Pipe()
+	if err != nil {
+		return nil, fmt.Errorf("launcher: start keeper: %w", err)
+	}
+	defer r.Close()
+	cmd := exec.Command(exe, args...)
+	cmd.Env = append(withoutKey(os.Environ(), keeperEnv), keeperEnv+"=1")
+	cmd.Stdin = r
+	cmd.Stderr = os.Stderr
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	// The write end is close-on-exec, so neither the keeper nor any worker
+	// holds it: only the agent's death or Close can end the keeper's input.
+	if err := cmd.Start(); err != nil {
+		w.Close()
+		return nil, fmt.Errorf("launcher: start keeper: %w", err)
+	}
+	return &Keeper{cmd: cmd, records: w}, nil
+}
+
+// Track records process group pgid, to be killed if the agent dies.
+func (k *Keeper) Track(pgid int) error { return k.send('+', pgid) }
+
+// Untrack forgets process group pgid.
+func (k *Keeper) Untrack(pgid int) error { return k.send('-', pgid) }
+
+func (k *Keeper) send(op byte, pgid int) error {
+	if k == nil {
+		return nil
+	}
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if k.records == nil {
+		return errKeeperClosed
+	}
+	if _, err := fmt.Fprintf(k.records, "%c%d\n", op, pgid); err != nil {
+		return fmt.Errorf("launcher: keeper: %w", err)
+	}
+	return nil
+}
+
+var errKeeperClosed = errors.New("launcher: keeper closed")
+
+// Close ends the keeper: it kills the groups still recorded, then exits.
+// Close waits for it. Closing twice is harmless.
+func (k *Keeper) Close() error {
+	if k == nil {
+		return nil
+	}
+	k.mu.Lock()
+	records := k.records
+	k.records = nil
+	k.mu.Unlock()
+	if records == nil {
+		return nil
+	}
+	err := records.Close()
+	if waitErr := k.cmd.Wait(); waitErr != nil {
+		err = errors.Join(err, fmt.Errorf("launcher: keeper: %w", waitErr))
+	}
+	return err
+}
+
+// MaybeRunKeeper runs the keeper and returns true when this process was
+// started by StartKeeper; main should then return at once. Otherwise it
+// returns false immediately.
+func MaybeRunKeeper() bool {
+	if os.Getenv(keeperEnv) != "1" {
+		return false
+	}
+	os.Unsetenv(keeperEnv)
+	// The keeper must outlive the agent, whatever the terminal or a
+	// supervisor sends to everyone.
+	signal.Ignore(syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP, syscall.SIGQUIT)
+	for _, pgid := range keep(os.Stdin, os.Stderr) {
+		// A recorded group still exists while any member lives, so its id
+		// cannot have been reused.
+		if err := syscall.Kill(-pgid, syscall.SIGKILL); err != nil && !errors.Is(err, syscall.ESRCH) {
+			fmt.Fprintf(os.Stderr, "gorun keeper: kill process group %d: %v\n", pgid, err)
+		}
+	}
+	return true
+}
+
+// keep reads records until EOF and returns the groups still recorded,
+// complaining to warn about malformed ones. A read error means the same as
+// EOF: the agent is gone.
+func keep(records io.Reader, warn io.Writer) []int {
+	groups := make(map[int]bool)
+	scanner := bufio.NewScanner(records)
+	for scanner.Scan() {
+		add, pgid, ok := parseRecord(scanner.Text())
+		switch {
+		case !ok:
+			fmt.Fprintf(warn, "gorun keeper: ignoring record %q\n", scanner.Text())
+		case add:
+			groups[pgid] = true
+		default:
+			delete(groups, pgid)
+		}
+	}
+	return slices.Sorted(maps.Keys(groups))
+}
+
+// parseRecord parses "+<pgid>" or "-<pgid>".
+func parseRecord(line string) (add bool, pgid int, ok bool) {
+	if len(line) < 2 || (line[0] != '+' && line[0] != '-') {
+		return false, 0, false
+	}
+	pgid, err := strconv.Atoi(line[1:])
+	return line[0] == '+', pgid, err == nil && pgid > 0
+}
+
+// withoutKey returns env without any entry for key.
+func withoutKey(env []string, key string) []string {
+	return slices.DeleteFunc(slices.Clone(env), func(entry string) bool {
+		return strings.HasPrefix(entry, key+"=")
+	})
+}

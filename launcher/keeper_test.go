@@ -1,0 +1,123 @@
+package launcher
+
+import (
+	"bufio"
+	"fmt"
+	"os"
+	"os/exec"
+	"slices"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// A worker's background child survives Pdeathsig; the keeper must kill it
+// when the agent is killed -9.
+func TestKeeperKillsWorkerTreeWhenAgentIsKilled(t *testing.T) {
+	t.Parallel()
+	agent := exec.Command(os.Args[0], "-test.run=^$")
+	agent.Env = append(os.Environ(), fakeAgentEnv+"=1")
+	agent.Stderr = os.Stderr
+	stdout, err := agent.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := agent.Start(); err != nil {
+		t.Fatal(err)
+	}
+	killOnCleanup(t, agent.Process.Pid)
+
+	pids := readPids(t, bufio.NewScanner(stdout), "worker", "grandchild", "keeper")
+	for _, pid := range pids {
+		killOnCleanup(t, pid)
+		if !alive(pid) {
+			t.Fatalf("process %d not running before the agent was killed", pid)
+		}
+	}
+	if err := agent.Process.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	agent.Wait()
+	waitGone(t, 2*time.Second, pids...)
+}
+
+// readPids reads "<name> <pid>" lines until it has every name.
+func readPids(t *testing.T, lines *bufio.Scanner, names ...string) []int {
+	t.Helper()
+	found := make(map[string]int)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for len(found) < len(names) && lines.Scan() {
+			var name string
+			var pid int
+			if _, err := fmt.Sscanf(lines.Text(), "%s %d", &name, &pid); err == nil {
+				found[name] = pid
+			}
+		}
+	}()
+	select {
+	case <-done:
+	case <-time.After(10 * time.Second):
+		t.Fatal("fake agent did not report its pids")
+	}
+	var pids []int
+	for _, name := range names {
+		pid, ok := found[name]
+		if !ok {
+			t.Fatalf("fake agent did not report %s; got %v", name, found)
+		}
+		pids = append(pids, pid)
+	}
+	return pids
+}
+
+func TestKeeperCloseKillsTrackedGroups(t *testing.T) {
+	t.Parallel()
+	keeper, err := StartKeeper(os.Args[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := newWaitingWriter()
+	g, err := StartGroup([]WorkerSpec{
+		{LocalRank: 0, Argv: sh("exit 0")},
+		{LocalRank: 1, Argv: sh("echo ready; exec sleep 300"), Stdout: out},
+	}, GroupOptions{Logger: testLogger(t), Keeper: keeper})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { g.Stop(syscall.SIGKILL, 0) })
+	out.waitFor(t, "ready")
+	if err := keeper.Close(); err != nil {
+		t.Fatalf("Close: %v", err)
+	}
+	exits := collectExits(t, g)
+	if exits[0].ExitCode != 0 || exits[1].Signal != syscall.SIGKILL {
+		t.Errorf("exits %v; want worker 0 to end on its own and worker 1 to be SIGKILLed by the keeper", exits)
+	}
+	if err := keeper.Close(); err != nil {
+		t.Errorf("second Close: %v", err)
+	}
+	if err := keeper.Track(1); err == nil {
+		t.Error("Track after Close succeeded")
+	}
+}
+
+func TestKeepRecords(t *testing.T) {
+	records := "+10\n+20\n+30\n-20\nbogus\n+\n-x\n+-5\n+40\n-40\n"
+	var warnings strings.Builder
+	if got, want := keep(strings.NewReader(records), &warnings), []int{10, 30}; !slices.Equal(got, want) {
+		t.Errorf("keep(%q) = %v, want %v", records, got, want)
+	}
+	if n := strings.Count(warnings.String(), "ignoring record"); n != 4 {
+		t.Errorf("%d warnings for 4 malformed records:\n%s", n, warnings.String())
+	}
+}
+
+func TestNilKeeperIsANoOp(t *testing.T) {
+	var keeper *Keeper
+	if keeper.Track(1) != nil || keeper.Untrack(1) != nil || keeper.Close() != nil {
+		t.Error("a nil *Keeper must accept every call")
+	}
+}

@@ -1,0 +1,234 @@
+package rendezvous
+
+import (
+	"context"
+	"errors"
+	"net"
+	"sync"
+	"time"
+
+	"github.com/rs/zerolog"
+)
+
+// ErrServerClosed is returned by Serve after Shutdown or Close.
+var ErrServerClosed = errors.New("rendezvous: server closed")
+
+// Default limits of a Server, per request.
+const (
+	DefaultMaxKeyLen         = 8 << 10
+	DefaultMaxValueLen       = 64 << 20
+	DefaultMaxKeysPerRequest = 131072
+)
+
+// ServerOptions configures a Server. The zero value is usable.
+type ServerOptions struct {
+	// Logger receives connection events: protocol violations at warn,
+	// ordinary disconnects at debug. The zero value logs nothing.
+	Logger zerolog.Logger
+	// MaxKeyLen bounds a key's length (default DefaultMaxKeyLen).
+	MaxKeyLen int
+	// MaxValueLen bounds a value's length (default DefaultMaxValueLen).
+	MaxValueLen int
+	// MaxKeysPerRequest bounds the keys of one CHECK, WAIT or MULTI_*
+	// request (default DefaultMaxKeysPerRequest).
+	MaxKeysPerRequest int
+}
+
+func (o ServerOptions) limits() limits {
+	orDefault := func(v, def int) uint64 {
+		if v <= 0 {
+			return uint64(def)
+		}
+		return uint64(v)
+	}
+	return limits{
+		maxKeyLen:   orDefault(o.MaxKeyLen, DefaultMaxKeyLen),
+		maxValueLen: orDefault(o.MaxValueLen, DefaultMaxValueLen),
+		maxKeys:     orDefault(o.MaxKeysPerRequest, DefaultMaxKeysPerRequest),
+	}
+}
+
+// Server serves a store to torch's TCPStore clients, torch 1.13's and
+// torch >= 2.2's alike on one port, telling them apart per connection
+// (protocol §2). A request that breaks the protocol closes its connection
+// only; every other client goes on.
+type Server struct {
+	log    zerolog.Logger
+	limits limits
+	table  *table
+
+	mu        sync.Mutex
+	listeners map[net.Listener]struct{}
+	addr      net.Addr
+	conns     map[*conn]struct{}
+	shutdown  bool
+	done      chan struct{} // closed when shutdown begins
+	wg        sync.WaitGroup
+}
+
+// NewServer returns a Server with an empty store.
+func NewServer(opts ServerOptions) *Server {
+	return &Server{
+		log:       opts.Logger,
+		limits:    opts.limits(),
+		table:     newTable(),
+		listeners: make(map[net.Listener]struct{}),
+		conns:     make(map[*conn]struct{}),
+		done:      make(chan struct{}),
+	}
+}
+
+// Store returns an in-process view of the served store, for the process
+// hosting the server: its keys are those of remote clients (a Client's or
+// torch's key k is k here too, since both add the same "/" on the wire).
+// Closing it leaves the server running.
+func (s *Server) Store() *MemoryStore {
+	return newMemoryStore(s.table, clientKeyPrefix, DefaultTimeout)
+}
+
+// Addr returns the address of the listener Serve was last given, or nil.
+func (s *Server) Addr() net.Addr {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.addr
+}
+
+// Serve accepts connections on l and serves each in its own goroutine
+// until Shutdown or Close, then returns ErrServerClosed. Accept errors
+// other than a closed listener (EMFILE, ECONNABORTED, ...) are retried
+// after a pause doubling from 5 ms to 1 s, as net/http does. Serve closes
+// l on return.
+func (s *Server) Serve(l net.Listener) error {
+	if !s.trackListener(l) {
+		l.Close()
+		return ErrServerClosed
+	}
+	defer s.untrackListener(l)
+
+	var pause time.Duration
+	for {
+		nc, err := l.Accept()
+		if err != nil {
+			if s.shuttingDown() {
+				return ErrServerClosed
+			}
+			if errors.Is(err, net.ErrClosed) {
+				return err
+			}
+			pause = min(max(2*pause, 5*time.Millisecond), time.Second)
+			s.log.Warn().Err(err).Dur("retry_in", pause).Msg("accept failed")
+			select {
+			case <-time.After(pause):
+			case <-s.done:
+			}
+			continue
+		}
+		pause = 0
+		s.startConn(nc)
+	}
+}
+
+func (s *Server) trackListener(l net.Listener) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.shutdown {
+		return false
+	}
+	s.listeners[l] = struct{}{}
+	s.addr = l.Addr()
+	return true
+}
+
+func (s *Server) untrackListener(l net.Listener) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if _, ok := s.listeners[l]; ok {
+		delete(s.listeners, l)
+		l.Close()
+	}
+}
+
+func (s *Server) shuttingDown() bool {
+	select {
+	case <-s.done:
+		return true
+	default:
+		return false
+	}
+}
+
+func (s *Server) startConn(nc net.Conn) {
+	c := newConn(s, nc)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.shutdown {
+		nc.Close()
+		return
+	}
+	s.conns[c] = struct{}{}
+	s.wg.Add(1)
+	go func() {
+		defer s.wg.Done()
+		c.serve()
+	}()
+}
+
+func (s *Server) forgetConn(c *conn) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	delete(s.conns, c)
+}
+
+// Shutdown stops accepting, lets each connection finish the request it is
+// handling and send its replies, then closes it. Pending waits are
+// dropped: their clients see the connection close. If ctx ends first,
+// Shutdown closes what remains and returns ctx's error.
+func (s *Server) Shutdown(ctx context.Context) error {
+	err := s.beginShutdown(func(c *conn) { c.stopReading() })
+	finished := make(chan struct{})
+	go func() {
+		s.wg.Wait()
+		close(finished)
+	}()
+	select {
+	case <-finished:
+		return err
+	case <-ctx.Done():
+		s.closeConns()
+		return ctx.Err()
+	}
+}
+
+// Close stops accepting and closes every connection at once.
+func (s *Server) Close() error {
+	return s.beginShutdown(func(c *conn) { c.nc.Close() })
+}
+
+// beginShutdown closes the listeners and applies stop to every connection.
+func (s *Server) beginShutdown(stop func(*conn)) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if !s.shutdown {
+		s.shutdown = true
+		close(s.done)
+	}
+	var errs []error
+	for l := range s.listeners {
+		if err := l.Close(); err != nil && !errors.Is(err, net.ErrClosed) {
+			errs = append(errs, err)
+		}
+		delete(s.listeners, l)
+	}
+	for c := range s.conns {
+		stop(c)
+	}
+	return errors.Join(errs...)
+}
+
+func (s *Server) closeConns() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for c := range s.conns {
+		c.nc.Close()
+	}
+}
