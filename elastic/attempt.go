@@ -54,6 +54,10 @@ func (a *Agent) startAttempt(rk ranks, restart int, master workerEndpoint, logs 
 				"GORUN_NODE_RANK": strconv.Itoa(rk.GroupRank),
 			},
 		}
+		if err := env.Validate(); err != nil {
+			att.closeOutput()
+			return nil, fmt.Errorf("elastic: environment of local rank %d: %w", lr, err)
+		}
 		prefix := launcher.FormatPrefix(s.PrefixTemplate, s.Role, rank, lr, s.Host)
 		out, err := att.sink(a.sinkFor(lr, true, logs), stdout, prefix, outPath)
 		if err == nil {

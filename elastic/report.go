@@ -89,9 +89,17 @@ func writeFailure(b *strings.Builder, i int, f Failure) {
 	fmt.Fprintf(b, "  time      : %s\n", f.When().Format("2006-01-02_15:04:05"))
 	fmt.Fprintf(b, "  host      : %s\n", f.Host)
 	fmt.Fprintf(b, "  rank      : %d (local_rank: %d)\n", f.Rank, f.LocalRank)
-	fmt.Fprintf(b, "  exitcode  : %s (pid: %d)\n", f.Exit.String(), f.Pid)
+	fmt.Fprintf(b, "  exitcode  : %s (pid: %d)\n", exitStatus(f.Exit), f.Pid)
 	fmt.Fprintf(b, "  error_file: %s\n", errorFile)
 	fmt.Fprintf(b, "  traceback : %s\n", indentContinuation(traceback, "              "))
+}
+
+// exitStatus shows the status gorun would exit with, and the signal behind it.
+func exitStatus(e launcher.Exit) string {
+	if e.Signal != 0 {
+		return fmt.Sprintf("%d (%s)", e.ExitCode, signalName(e.Signal))
+	}
+	return fmt.Sprint(e.ExitCode)
 }
 
 func indentContinuation(s, indent string) string {

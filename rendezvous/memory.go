@@ -12,7 +12,6 @@ import (
 // Store method returns one that shares the server's table.
 type MemoryStore struct {
 	table   *table
-	prefix  string // put in front of every key, as a Client does on the wire
 	timeout time.Duration
 
 	closeOnce sync.Once
@@ -24,14 +23,14 @@ var _ Store = (*MemoryStore)(nil)
 // NewMemoryStore returns an empty store whose blocking calls give up after
 // timeout when their context has no deadline (zero means DefaultTimeout).
 func NewMemoryStore(timeout time.Duration) *MemoryStore {
-	return newMemoryStore(newTable(), "", timeout)
+	return newMemoryStore(newTable(), timeout)
 }
 
-func newMemoryStore(t *table, prefix string, timeout time.Duration) *MemoryStore {
+func newMemoryStore(t *table, timeout time.Duration) *MemoryStore {
 	if timeout <= 0 {
 		timeout = DefaultTimeout
 	}
-	return &MemoryStore{table: t, prefix: prefix, timeout: timeout, closed: make(chan struct{})}
+	return &MemoryStore{table: t, timeout: timeout, closed: make(chan struct{})}
 }
 
 // Close makes later calls, and the blocking calls in progress, return
@@ -50,17 +49,12 @@ func (s *MemoryStore) isClosed() bool {
 	}
 }
 
-// open prefixes keys for the table, or fails the operation on a closed
-// store.
+// open passes keys through, or fails op on a closed store.
 func (s *MemoryStore) open(op string, keys ...string) ([]string, error) {
-	stored := make([]string, len(keys))
-	for i, k := range keys {
-		stored[i] = s.prefix + k
-	}
 	if s.isClosed() {
-		return stored, &OpError{Op: op, Keys: stored, Err: ErrClosed}
+		return keys, &OpError{Op: op, Keys: keys, Err: ErrClosed}
 	}
-	return stored, nil
+	return keys, nil
 }
 
 func (s *MemoryStore) Set(ctx context.Context, key string, value []byte) error {

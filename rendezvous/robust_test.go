@@ -162,7 +162,7 @@ func TestServerSurvivesBadInput(t *testing.T) {
 	})
 
 	for i, r := range stop() {
-		if got := mustGet(t, srv.Store(), fmt.Sprintf("good/%d/n", i)); got != strconv.Itoa(r) {
+		if got := mustGet(t, srv.Store(), fmt.Sprintf("/good/%d/n", i)); got != strconv.Itoa(r) {
 			t.Errorf("good client %d: counter %s after %d rounds", i, got, r)
 		}
 	}

@@ -78,12 +78,13 @@ func NewServer(opts ServerOptions) *Server {
 	}
 }
 
-// Store returns an in-process view of the served store, for the process
-// hosting the server: its keys are those of remote clients (a Client's or
-// torch's key k is k here too, since both add the same "/" on the wire).
-// Closing it leaves the server running.
+// Store returns an in-process view of the served store for the process
+// hosting the server, its keys as they are on the wire. TCPStore clients
+// (a Client, torch's) put "/" in front of every key, so to share their
+// keys wrap the view as torch would: NewPrefixStore("", srv.Store()) maps
+// k to "/" + k. Closing the view leaves the server running.
 func (s *Server) Store() *MemoryStore {
-	return newMemoryStore(s.table, clientKeyPrefix, DefaultTimeout)
+	return newMemoryStore(s.table, DefaultTimeout)
 }
 
 // Addr returns the address of the listener Serve was last given, or nil.

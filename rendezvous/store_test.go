@@ -391,7 +391,7 @@ func TestMemoryStoreSemantics(t *testing.T) {
 		s := NewMemoryStore(0)
 		return storeFixture{
 			store:           s,
-			open:            func(*testing.T) Store { return newMemoryStore(s.table, "", 0) },
+			open:            func(*testing.T) Store { return newMemoryStore(s.table, 0) },
 			pendingWaits:    s.table.pendingWaits,
 			appendSupported: true,
 			compareSetWakes: true,
@@ -404,7 +404,7 @@ func TestPrefixStoreSemantics(t *testing.T) {
 		s := NewMemoryStore(0)
 		return storeFixture{
 			store:           NewPrefixStore("p", s),
-			open:            func(*testing.T) Store { return NewPrefixStore("p", newMemoryStore(s.table, "", 0)) },
+			open:            func(*testing.T) Store { return NewPrefixStore("p", newMemoryStore(s.table, 0)) },
 			pendingWaits:    s.table.pendingWaits,
 			appendSupported: true,
 			compareSetWakes: true,
@@ -416,7 +416,7 @@ func TestServerStoreSemantics(t *testing.T) {
 	testStoreSemantics(t, func(t *testing.T) storeFixture {
 		srv, addr, _ := startServer(t, ServerOptions{})
 		return storeFixture{
-			store:           srv.Store(),
+			store:           NewPrefixStore("", srv.Store()),
 			open:            func(t *testing.T) Store { return dialClient(t, addr, ClientOptions{}) },
 			pendingWaits:    srv.table.pendingWaits,
 			appendSupported: true,
@@ -463,13 +463,13 @@ func TestPrefixStoreKeys(t *testing.T) {
 	}
 }
 
-// TestServerStoreSharesKeysWithClients: the launcher's in-process view
-// and remote clients see the same keys.
+// TestServerStoreSharesKeysWithClients: the launcher's in-process view,
+// wrapped as torch would, and remote clients see the same keys.
 func TestServerStoreSharesKeysWithClients(t *testing.T) {
 	ctx := ctxTimeout(t, testTimeout)
 	srv, addr, _ := startServer(t, ServerOptions{})
 	c := dialClient(t, addr, ClientOptions{WorldSize: 2})
-	local := srv.Store()
+	local := NewPrefixStore("", srv.Store())
 	mustDo(t, local.Set(ctx, "from-launcher", []byte("1")))
 	mustDo(t, c.Set(ctx, "from-client", []byte("2")))
 	if got := mustGet(t, c, "from-launcher"); got != "1" {
@@ -478,8 +478,8 @@ func TestServerStoreSharesKeysWithClients(t *testing.T) {
 	if got := mustGet(t, local, "from-client"); got != "2" {
 		t.Fatalf("launcher got %q", got)
 	}
-	if v, ok := srv.table.get("init/"); !ok || string(v) != "1" {
-		t.Fatalf(`WorldSize must count the client in "init/": %q`, v)
+	if got := mustGet(t, srv.Store(), "init/"); got != "1" {
+		t.Fatalf(`WorldSize must count the client in "init/": %q`, got)
 	}
 	mustDo(t, local.Close())
 	if got := mustGet(t, c, "from-launcher"); got != "1" {
