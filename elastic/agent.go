@@ -185,7 +185,6 @@ func (a *Agent) watch(ctx context.Context, att *attempt) outcome {
 				exits = nil
 				continue
 			}
-			a.log.Debug().Int("rank", e.Rank).Int("pid", e.Pid).Str("status", e.String()).Msg("worker exited")
 			if e.Failed() && !stopping {
 				out.failures = append(out.failures, att.failure(e, a.spec.Host))
 				stop(syscall.SIGTERM)

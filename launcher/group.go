@@ -177,7 +177,7 @@ func (g *Group) Signal(sig syscall.Signal) error {
 // them to end, SIGKILLs the groups still alive, and waits (bounded) until
 // every worker has been reaped and its output copied.
 func (g *Group) Stop(sig syscall.Signal, grace time.Duration) {
-	g.log.Info().Str("signal", unix.SignalName(sig)).Dur("grace", grace).Msg("stopping workers")
+	g.log.Info().Str("signal", unix.SignalName(sig)).Stringer("grace", grace).Msg("stopping workers")
 	g.signalAndLog(sig)
 	if sig != syscall.SIGKILL && !g.wait(grace) {
 		g.log.Warn().Ints("pids", g.livePids()).Msg("workers outlived the grace period; sending SIGKILL")
@@ -257,7 +257,11 @@ func (g *Group) reap(w *worker) Exit {
 	_ = w.cmd.Wait() // the exit status is in ProcessState
 	w.finishOutput()
 	exit := w.exitAt(observed)
-	w.log.Info().Stringer("exit", exit).Msg("worker exited")
+	level := zerolog.DebugLevel
+	if exit.Failed() {
+		level = zerolog.WarnLevel
+	}
+	w.log.WithLevel(level).Stringer("exit", exit).Msg("worker exited")
 	return exit
 }
 

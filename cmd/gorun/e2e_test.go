@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"fmt"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -430,4 +431,46 @@ func sortedKeys(m map[string]string) []string {
 	}
 	sort.Strings(keys)
 	return keys
+}
+
+// Two agents of a static two-node job on one machine: node 0 hosts the store,
+// ranks are contiguous per node, and the nodes may differ in size.
+func TestStaticTwoNodeJob(t *testing.T) {
+	dir := t.TempDir()
+	w := script(t, dir, "w.sh", `echo "rank=$RANK world=$WORLD_SIZE group=$GROUP_RANK/$GROUP_WORLD_SIZE local=$LOCAL_RANK/$LOCAL_WORLD_SIZE"`+"\n")
+	port := strconv.Itoa(freePort(t))
+	results := make(chan job, 2)
+	for node, nproc := range []string{"2", "1"} {
+		go func() {
+			results <- gorun(t, nil, "--nnodes", "2", "--node-rank", strconv.Itoa(node), "--nproc-per-node", nproc,
+				"--master-addr", "127.0.0.1", "--master-port", port, "--rdzv-id", "two", w)
+		}()
+	}
+	var out string
+	for range 2 {
+		j := <-results
+		if j.code != 0 {
+			t.Fatalf("an agent failed:\n%s", j)
+		}
+		out += j.stdout
+	}
+	for _, want := range []string{
+		"[rank0]: rank=0 world=3 group=0/2 local=0/2",
+		"[rank1]: rank=1 world=3 group=0/2 local=1/2",
+		"[rank2]: rank=2 world=3 group=1/2 local=0/1",
+	} {
+		if !strings.Contains(out, want) {
+			t.Errorf("missing %q in:\n%s", want, out)
+		}
+	}
+}
+
+func freePort(t *testing.T) int {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port
 }

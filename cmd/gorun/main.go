@@ -159,11 +159,16 @@ func isTerminal(w io.Writer) bool {
 
 // newRendezvous returns the handler for spec's rendezvous backend.
 func newRendezvous(spec elastic.Spec, log zerolog.Logger) rendezvous.Handler {
+	host := spec.MasterAddr
+	if spec.MaxNodes == 1 && spec.LocalAddr != "" {
+		// A single node hosts the store where it says workers reach it.
+		host = spec.LocalAddr
+	}
 	return rendezvous.NewStatic(rendezvous.StaticOptions{
 		RunID:    spec.RunID,
 		NodeRank: spec.NodeRank,
 		NNodes:   spec.MaxNodes,
-		Host:     spec.MasterAddr,
+		Host:     host,
 		Port:     spec.MasterPort,
 		Timeout:  spec.StoreTimeout,
 		Logger:   log,

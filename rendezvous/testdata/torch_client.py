@@ -43,11 +43,12 @@ def serve():
 
 def client(host, port):
     def connect(**kwargs):
-        return dist.TCPStore(host, port, is_master=False, wait_for_workers=False,
+        return dist.TCPStore(host, port, is_master=False,
                              timeout=datetime.timedelta(seconds=10), **kwargs)
 
-    # world_size makes the client send ADD "init/" +1 after connecting.
-    s = connect(world_size=2)
+    # A non-master waiting for workers sends ADD "init/" +1 and goes on, as
+    # in torchelastic's agent-store mode.
+    s = connect(world_size=2, wait_for_workers=True)
 
     s.set("k1", "v1")
     out("set_get", text(s.get("k1")))
@@ -65,7 +66,7 @@ def client(host, port):
 
     s.set("bad", "P")
     attempt("add_non_integer", lambda: s.add("bad", 1))
-    s = connect()  # the server closed that connection
+    s = connect(wait_for_workers=False)  # the server closed that connection
     out("after_add_non_integer", text(s.get("bad")))
 
     out("compare_set", [

@@ -1,0 +1,240 @@
+package rendezvous
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"reflect"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+)
+
+// torchScript is the Python side of the interop tests.
+var torchScript = filepath.Join("testdata", "torch_client.py")
+
+// findTorchPython finds, once per test binary, a Python interpreter with
+// torch.distributed: $GORUN_TEST_PYTHON, else Debian's /usr/bin/python3
+// (the python3 on PATH may lack torch).
+var findTorchPython = sync.OnceValues(func() (string, error) {
+	python := os.Getenv("GORUN_TEST_PYTHON")
+	if python == "" {
+		python = "/usr/bin/python3"
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	out, err := exec.CommandContext(ctx, python, "-c", "import torch, torch.distributed; print(torch.__version__)").CombinedOutput()
+	if err != nil {
+		return "", fmt.Errorf("%s cannot import torch.distributed (install python3-torch, or set GORUN_TEST_PYTHON): %v: %s", python, err, bytes2line(out))
+	}
+	return python, nil
+})
+
+func bytes2line(b []byte) string {
+	lines := strings.Split(strings.TrimSpace(string(b)), "\n")
+	return lines[len(lines)-1]
+}
+
+// requireTorch returns the Python interpreter with torch. Without one the
+// test is skipped, except under CI=true, where it fails: CI must exercise
+// real torch.
+func requireTorch(tb testing.TB) string {
+	tb.Helper()
+	python, err := findTorchPython()
+	if err != nil {
+		if os.Getenv("CI") == "true" {
+			tb.Fatalf("torch interop is required under CI=true: %v", err)
+		}
+		tb.Skipf("torch interop: %v", err)
+	}
+	return python
+}
+
+// torchProcess runs the Python script and reads its JSON lines.
+type torchProcess struct {
+	cmd   *exec.Cmd
+	stdin io.WriteCloser
+	lines *bufio.Scanner
+}
+
+type torchLine struct {
+	Step   string          `json:"step"`
+	Result json.RawMessage `json:"result"`
+}
+
+func startTorch(tb testing.TB, args ...string) *torchProcess {
+	tb.Helper()
+	python := requireTorch(tb)
+	ctx, cancel := context.WithCancel(context.Background())
+	cmd := exec.CommandContext(ctx, python, append([]string{torchScript}, args...)...)
+	cmd.Stderr = &testLogWriter{tb: tb}
+	cmd.WaitDelay = 5 * time.Second
+	stdin, err := cmd.StdinPipe()
+	mustDo(tb, err)
+	stdout, err := cmd.StdoutPipe()
+	mustDo(tb, err)
+	mustDo(tb, cmd.Start())
+	tb.Cleanup(func() {
+		stdin.Close() // "serve" exits on EOF
+		done := make(chan struct{})
+		go func() {
+			_ = cmd.Wait()
+			close(done)
+		}()
+		select {
+		case <-done:
+		case <-time.After(testTimeout):
+			cancel()
+			<-done
+		}
+		cancel()
+	})
+	return &torchProcess{cmd: cmd, stdin: stdin, lines: bufio.NewScanner(stdout)}
+}
+
+// next returns the script's next step, which must be named step.
+func (p *torchProcess) next(tb testing.TB, step string) json.RawMessage {
+	tb.Helper()
+	if !p.lines.Scan() {
+		tb.Fatalf("torch script ended before step %q: %v", step, p.lines.Err())
+	}
+	var l torchLine
+	if err := json.Unmarshal(p.lines.Bytes(), &l); err != nil {
+		tb.Fatalf("torch script printed %q: %v", p.lines.Text(), err)
+	}
+	if l.Step != step {
+		tb.Fatalf("torch script step %q (%s), want %q", l.Step, l.Result, step)
+	}
+	return l.Result
+}
+
+// testLogWriter forwards the script's stderr to the test log.
+type testLogWriter struct {
+	mu sync.Mutex
+	tb testing.TB
+}
+
+func (w *testLogWriter) Write(p []byte) (int, error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.tb.Logf("python: %s", strings.TrimRight(string(p), "\n"))
+	return len(p), nil
+}
+
+// TestTorchClientAgainstOurServer runs torch 1.13's TCPStore client, every
+// operation of its Python binding, against our server.
+func TestTorchClientAgainstOurServer(t *testing.T) {
+	requireTorch(t)
+	srv, addr, logs := startServer(t, ServerOptions{})
+	host, port, _ := strings.Cut(addr, ":")
+	py := startTorch(t, "client", host, port)
+
+	expect := func(step string, want any) {
+		t.Helper()
+		raw := py.next(t, step)
+		got := reflect.New(reflect.TypeOf(want))
+		if err := json.Unmarshal(raw, got.Interface()); err != nil {
+			t.Fatalf("step %s: result %s: %v", step, raw, err)
+		}
+		if !reflect.DeepEqual(got.Elem().Interface(), want) {
+			t.Errorf("step %s: got %s, want %v", step, raw, want)
+		}
+	}
+	expectError := func(step string, contains string) {
+		t.Helper()
+		raw := py.next(t, step)
+		var got struct{ Error string }
+		if err := json.Unmarshal(raw, &got); err != nil || !strings.Contains(got.Error, contains) {
+			t.Errorf("step %s: got %s, want an error containing %q", step, raw, contains)
+		}
+	}
+
+	expect("set_get", "v1")
+	expect("set_get_bytes", "\x00\u00ff") // latin-1 decoded
+	expect("add", []any{5.0, 3.0, "3"})
+	expect("add_quirks", []int64{13, 8, 5, 1})
+	expect("add_overflow", int64(-9223372036854775808))
+	expectError("add_non_integer", "")
+	expect("after_add_non_integer", "P")
+	expect("compare_set", []string{"abc", "first", "second", "second", "second", ""})
+	expect("wait_present", true)
+	expectError("wait_timeout", "Socket Timeout")
+	expectError("wait_multi_timeout", "Socket Timeout")
+	expect("delete_key", []bool{true, false})
+	expect("num_keys_delta", 2)
+	n, err := srv.Store().NumKeys(context.Background())
+	mustDo(t, err)
+	expect("num_keys", int(n))
+	expectError("set_timeout_get", "Socket Timeout")
+
+	expect("waiting", true)
+	waitUntil(t, func() bool {
+		srv.table.mu.Lock()
+		defer srv.table.mu.Unlock()
+		return len(srv.table.waiting["/woken"]) > 0
+	})
+	mustDo(t, NewPrefixStore("", srv.Store()).Set(context.Background(), "woken", []byte("by go")))
+	expect("woken", "by go")
+	expect("done", true)
+
+	// torch's keys as they landed in our table: "/" prefixed, but init/.
+	if got := mustGet(t, srv.Store(), "init/"); got != "1" {
+		t.Errorf(`"init/" = %q, want 1 (one client gave a world size)`, got)
+	}
+	if got := mustGet(t, srv.Store(), "/cs"); got != "second" {
+		t.Errorf(`"/cs" = %q`, got)
+	}
+	if !strings.Contains(logs.String(), "not an integer") {
+		t.Error("the non-integer add was not logged")
+	}
+}
+
+// TestOurClientAgainstTorchServer runs the conformance suite with our
+// Client against torch 1.13's own server.
+func TestOurClientAgainstTorchServer(t *testing.T) {
+	addr := startTorchServer(t)
+	for _, d := range []Dialect{Dialect113, DialectAuto} {
+		t.Run(d.String(), func(t *testing.T) {
+			c := dialClient(t, addr, ClientOptions{Dialect: d, WorldSize: 1})
+			if c.Dialect() != Dialect113 {
+				t.Fatalf("dialect %v against torch 1.13", c.Dialect())
+			}
+			if err := c.Ping(context.Background()); !errors.Is(err, errors.ErrUnsupported) {
+				t.Fatalf("ping: %v, want ErrUnsupported", err)
+			}
+			testStoreSemantics(t, func(t *testing.T) storeFixture {
+				open := func(t *testing.T) Store { return dialClient(t, addr, ClientOptions{Dialect: d}) }
+				return storeFixture{
+					store:           open(t),
+					open:            open,
+					appendSupported: false,
+					compareSetWakes: false, // torch 1.13's server does not wake on compare_set
+				}
+			})
+		})
+	}
+	c := dialClient(t, addr, ClientOptions{Dialect: Dialect113})
+	if n, err := c.add(context.Background(), initKey, 0); err != nil || n != 2 {
+		t.Errorf(`"init/" = %d, %v; want 2 (two clients gave a world size)`, n, err)
+	}
+}
+
+// startTorchServer starts torch 1.13's TCPStore server and returns its
+// address.
+func startTorchServer(tb testing.TB) string {
+	tb.Helper()
+	py := startTorch(tb, "serve")
+	var port int
+	if err := json.Unmarshal(py.next(tb, "port"), &port); err != nil {
+		tb.Fatal(err)
+	}
+	return "127.0.0.1:" + strconv.Itoa(port)
+}
