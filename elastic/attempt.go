@@ -59,20 +59,20 @@ func (a *Agent) startAttempt(rk ranks, restart int, master workerEndpoint, logs 
 			return nil, fmt.Errorf("elastic: environment of local rank %d: %w", lr, err)
 		}
 		prefix := launcher.FormatPrefix(s.PrefixTemplate, s.Role, rank, lr, s.Host)
-		out, err := att.sink(a.sinkFor(lr, true, logs), stdout, prefix, outPath)
+		outW, err := att.sink(a.sinkFor(lr, true, logs), stdout, prefix, outPath)
+		var errW io.Writer
 		if err == nil {
-			specs[lr].Stderr, err = att.sink(a.sinkFor(lr, false, logs), stderr, prefix, errPath)
+			errW, err = att.sink(a.sinkFor(lr, false, logs), stderr, prefix, errPath)
 		}
 		if err != nil {
 			att.closeOutput()
 			return nil, fmt.Errorf("elastic: output of local rank %d: %w", lr, err)
 		}
-		specs[lr].Stdout = out
-		specs[lr].LocalRank, specs[lr].Rank = lr, rank
-		specs[lr].Argv = s.Argv
-		specs[lr].Env = env.Environ()
-		specs[lr].Dir = s.Dir
-		specs[lr].PTY = s.PTY
+		specs[lr] = launcher.WorkerSpec{
+			LocalRank: lr, Rank: rank,
+			Argv: s.Argv, Env: env.Environ(), Dir: s.Dir,
+			Stdout: outW, Stderr: errW, PTY: s.PTY,
+		}
 	}
 	group, err := launcher.StartGroup(specs, launcher.GroupOptions{Logger: a.log, Now: a.now, Keeper: a.opts.Keeper})
 	if err != nil {

@@ -53,12 +53,15 @@ type Client struct {
 	closed    context.Context // done once Close is called
 	markClose context.CancelFunc
 
-	mu      sync.Mutex // one request at a time, as torch's activeOpLock_
-	dialect Dialect    // resolved by Dial; never DialectAuto afterwards
-	conn    net.Conn   // nil once a failure left it unusable; redialled lazily
-	r       frameReader
-	w       frameWriter
-	unbind  func() // undoes bindContext; idempotent
+	// dialect is resolved by Dial, and constant once Dial returns: later
+	// redials keep it.
+	dialect Dialect
+
+	mu     sync.Mutex // one request at a time, as torch's activeOpLock_
+	conn   net.Conn   // nil once a failure left it unusable; redialled lazily
+	r      frameReader
+	w      frameWriter
+	unbind func() // undoes bindContext; idempotent
 }
 
 var _ Store = (*Client)(nil)
@@ -72,7 +75,7 @@ func Dial(ctx context.Context, addr string, opts ClientOptions) (*Client, error)
 	}
 	c := &Client{addr: addr, opts: opts, dialect: opts.Dialect}
 	c.closed, c.markClose = context.WithCancel(context.Background())
-	c.r = frameReader{lim: ServerOptions{}.limits()}
+	c.r = frameReader{lim: ServerOptions{}.limits()} // replies: a default server's limits
 	c.w = frameWriter{w: bufio.NewWriterSize(nil, connBufferSize)}
 	c.r.r = bufio.NewReaderSize(nil, connBufferSize)
 
@@ -95,11 +98,7 @@ func Dial(ctx context.Context, addr string, opts ClientOptions) (*Client, error)
 }
 
 // Dialect returns the dialect the client speaks, resolved by Dial.
-func (c *Client) Dialect() Dialect {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.dialect
-}
+func (c *Client) Dialect() Dialect { return c.dialect }
 
 // Close closes the connection; calls in progress and later ones return
 // ErrClosed.
@@ -150,10 +149,11 @@ func (c *Client) tryConnect(ctx context.Context) error {
 	}
 	probeCtx, cancel := context.WithTimeout(ctx, probeTimeout)
 	defer cancel()
-	if err := c.handshake(probeCtx, true); err == nil {
+	switch err := c.handshake(probeCtx, true); {
+	case err == nil:
 		c.dialect = DialectV2
 		return nil
-	} else if ctx.Err() != nil {
+	case ctx.Err() != nil:
 		return err
 	}
 	c.dialect = Dialect113
@@ -178,8 +178,7 @@ func (c *Client) dial(ctx context.Context) error {
 func (c *Client) handshake(ctx context.Context, ping bool) error {
 	c.bindContext(ctx)
 	defer c.unbind()
-	magic := validateMagic
-	_ = c.w.writeRequest(DialectV2, &request{op: opValidate, nonce: magic})
+	_ = c.w.writeRequest(DialectV2, &request{op: opValidate, nonce: validateMagic})
 	err := c.w.w.Flush()
 	if ping && err == nil {
 		err = c.ping()
@@ -235,12 +234,12 @@ func (c *Client) bindContext(ctx context.Context) {
 	}
 }
 
-// call runs one exchange with the server under the client lock: it dials
-// again if an earlier failure dropped the connection, binds ctx to the
-// I/O, and flushes what exchange wrote. Any failure but a cleanly
-// cancelled wait drops the connection, since a half-read reply would be
-// taken for the next one's.
-func (c *Client) call(ctx context.Context, op string, keys []string, exchange func(ctx context.Context) error) error {
+// call runs one exchange with the server, fn, under the client lock: it
+// dials again if an earlier failure dropped the connection, binds ctx to
+// the I/O, and flushes what fn wrote. Any failure but a cleanly cancelled
+// wait drops the connection, since a half-read reply would be taken for
+// the next one's.
+func (c *Client) call(ctx context.Context, op string, keys []string, fn func(ctx context.Context) error) error {
 	ctx, cancel := withDefaultTimeout(ctx, c.opts.Timeout)
 	defer cancel()
 	ctx, cancelCause := context.WithCancelCause(ctx)
@@ -249,14 +248,14 @@ func (c *Client) call(ctx context.Context, op string, keys []string, exchange fu
 
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	err := c.exchange(ctx, exchange)
+	err := c.exchange(ctx, fn)
 	if err == nil {
 		return nil
 	}
 	return &OpError{Op: op, Keys: keys, Err: err}
 }
 
-func (c *Client) exchange(ctx context.Context, exchange func(ctx context.Context) error) error {
+func (c *Client) exchange(ctx context.Context, fn func(ctx context.Context) error) error {
 	if c.closed.Err() != nil {
 		return ErrClosed
 	}
@@ -266,8 +265,8 @@ func (c *Client) exchange(ctx context.Context, exchange func(ctx context.Context
 		}
 	}
 	c.bindContext(ctx)
-	c.r.err = nil
-	err := exchange(ctx)
+	c.r.err = nil // what an aborted exchange left
+	err := fn(ctx)
 	if err == nil {
 		err = c.w.w.Flush()
 	}

@@ -2,7 +2,6 @@ package rendezvous
 
 import (
 	"bufio"
-	"encoding/binary"
 	"errors"
 	"fmt"
 	"io"
@@ -65,7 +64,7 @@ func (c *conn) stopReading() {
 
 func (c *conn) serve() {
 	defer c.close()
-	d, err := c.detectDialect()
+	d, err := c.r.detectDialect()
 	for err == nil {
 		var req request
 		if req, err = c.r.readRequest(d); err == nil {
@@ -73,31 +72,6 @@ func (c *conn) serve() {
 		}
 	}
 	c.logEnd(d, err)
-}
-
-// detectDialect tells a torch 1.13 client from a torch >= 2.2 one by its
-// first bytes (protocol §2). A v2 client opens with VALIDATE, 00 CE F7 85
-// 3C, which is consumed. Any other first byte starts a 1.13 query, acted
-// on without waiting for more: a 1.13 GETNUMKEYS is a lone byte expecting
-// a reply. A 0x00 not followed by the magic is a 1.13 SET, those four
-// bytes being the low half of its key length.
-func (c *conn) detectDialect() (Dialect, error) {
-	first, err := c.r.r.Peek(1)
-	if err != nil {
-		return Dialect113, err
-	}
-	if first[0] != 0 {
-		return Dialect113, nil
-	}
-	head, err := c.r.r.Peek(5)
-	if err != nil {
-		return Dialect113, &frameError{reason: "truncated first frame", err: io.ErrUnexpectedEOF}
-	}
-	if binary.LittleEndian.Uint32(head[1:]) != validateMagic {
-		return Dialect113, nil
-	}
-	_, _ = c.r.r.Discard(5)
-	return DialectV2, nil
 }
 
 // close releases everything the connection holds in the table.

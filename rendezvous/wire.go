@@ -239,6 +239,31 @@ func (f *frameReader) fail(err error) {
 	}
 }
 
+// detectDialect tells a torch 1.13 client from a torch >= 2.2 one by its
+// first bytes (protocol §2). A v2 client opens with VALIDATE, 00 CE F7 85
+// 3C, which is consumed. Any other first byte starts a 1.13 query, acted
+// on without waiting for more: a 1.13 GETNUMKEYS is a lone byte expecting
+// a reply. A 0x00 not followed by the magic is a 1.13 SET, those four
+// bytes being the low half of its key length.
+func (f *frameReader) detectDialect() (Dialect, error) {
+	first, err := f.r.Peek(1)
+	if err != nil {
+		return Dialect113, err
+	}
+	if first[0] != 0 {
+		return Dialect113, nil
+	}
+	head, err := f.r.Peek(5)
+	if err != nil {
+		return Dialect113, &frameError{reason: "truncated first frame", err: io.ErrUnexpectedEOF}
+	}
+	if binary.LittleEndian.Uint32(head[1:]) != validateMagic {
+		return Dialect113, nil
+	}
+	_, _ = f.r.Discard(5)
+	return DialectV2, nil
+}
+
 // readRequest decodes one query in dialect d. An error reading the type
 // byte is the peer's (io.EOF: it hung up between requests); any later
 // failure is a *frameError.
@@ -377,7 +402,7 @@ func (f *frameReader) pairs(ks *[]string, vs *[][]byte) {
 // behind each key to read the fields that follow it.
 func (f *frameReader) readKeys(after func()) []string {
 	n := f.readLen("key count", f.lim.maxKeys)
-	keys := make([]string, 0, min(n, 64))
+	keys := make([]string, 0, min(n, 16))
 	for i := 0; i < n && f.err == nil; i++ {
 		keys = append(keys, f.readKey())
 		if after != nil {
