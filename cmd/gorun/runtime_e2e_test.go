@@ -1,0 +1,83 @@
+package main
+
+import (
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"testing"
+)
+
+// Every collective of allreduce-perf checks its results on every rank; run
+// them across real processes for a power of two and for an odd world.
+func TestCollectivesAcrossProcesses(t *testing.T) {
+	row := regexp.MustCompile(`(?m)^\[rank0\]:\s+(\d+)\s+\d+\s+\S+\s+\S+\s+-1\s+[\d.]+\s+[\d.]+\s+[\d.]+\s+(\d+)$`)
+	for _, world := range []string{"2", "5"} {
+		for _, op := range []string{"allreduce", "broadcast", "allgather", "reduce_scatter", "alltoall"} {
+			for _, dtype := range []string{"float32", "bfloat16", "int64"} {
+				j := gorun(t, nil, "--nproc-per-node", world, "--local-ranks-filter", "0", bin("allreduce-perf"),
+					"-b", "4", "-e", "300K", "-f", "9", "-o", op, "-d", dtype, "-w", "1", "-n", "2")
+				rows := row.FindAllStringSubmatch(j.stdout, -1)
+				if j.code != 0 || len(rows) != 6 {
+					t.Fatalf("world %s %s %s: want 6 checked sizes:\n%s", world, op, dtype, j)
+				}
+				for _, r := range rows {
+					if r[2] != "0" {
+						t.Errorf("world %s %s %s size %s: %s wrong values", world, op, dtype, r[1], r[2])
+					}
+				}
+			}
+		}
+	}
+}
+
+// The data-parallel example converges and keeps parameters identical.
+func TestDDPExample(t *testing.T) {
+	j := gorun(t, nil, "--nproc-per-node", "3", bin("ddp"), "-steps", "60", "-log-every", "20")
+	if j.code != 0 {
+		t.Fatalf("ddp failed:\n%s", j)
+	}
+	var losses []float64
+	for _, m := range regexp.MustCompile(`step\s+\d+\s+loss (\S+)`).FindAllStringSubmatch(j.stdout, -1) {
+		loss, err := strconv.ParseFloat(m[1], 64)
+		if err != nil {
+			t.Fatal(err)
+		}
+		losses = append(losses, loss)
+	}
+	if len(losses) < 2 || losses[len(losses)-1] > 0.8*losses[0] {
+		t.Errorf("loss did not fall: %v\n%s", losses, j)
+	}
+	if !strings.Contains(j.stdout, "parameters identical on all 3 ranks") {
+		t.Errorf("no proof of identical parameters:\n%s", j)
+	}
+}
+
+func TestPipelineExample(t *testing.T) {
+	j := gorun(t, nil, "--nproc-per-node", "4", bin("pipeline"), "-microbatches", "16")
+	if j.code != 0 {
+		t.Fatalf("pipeline failed:\n%s", j)
+	}
+	for _, want := range []string{"[rank0]: stage 0 (rank 0): all 16 results from rank 1 are right", "[rank2]: stage 0 (rank 2): all 16 results from rank 3 are right"} {
+		if !strings.Contains(j.stdout, want) {
+			t.Errorf("missing %q:\n%s", want, j)
+		}
+	}
+}
+
+// Go workers run unchanged under torchrun: torch 1.13's standalone mode has
+// worker rank 0 host the store on MASTER_PORT.
+func TestGoWorkersUnderTorchrun(t *testing.T) {
+	py := python(t)
+	torchrun := filepath.Join(filepath.Dir(py), "torchrun")
+	cmd := exec.Command(torchrun, "--standalone", "--nproc_per_node", "3", "--redirects=1", "--tee=1", "--no_python",
+		bin("ddp"), "-steps", "30")
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("torchrun ddp: %v\n%s", err, out)
+	}
+	if !strings.Contains(string(out), "parameters identical on all 3 ranks") {
+		t.Errorf("ddp under torchrun did not finish:\n%s", out)
+	}
+}

@@ -1,0 +1,170 @@
+package collective
+
+import (
+	"fmt"
+	"math/bits"
+	"strings"
+)
+
+// algorithm names how a collective moves its data. Frames carry it, so
+// ranks that chose differently (say, GORUN_ALGO set on some only) fail
+// with a mismatch instead of exchanging garbage.
+type algorithm uint8
+
+const (
+	algoAuto          algorithm = iota
+	algoRing                    // ring reduce-scatter + ring all-gather; ring all-gather
+	algoRHD                     // recursive halving-doubling (Rabenseifner)
+	algoRD                      // recursive doubling
+	algoTree                    // binomial tree
+	algoChain                   // pipelined chain
+	algoDirect                  // every rank talks to the root / every peer directly
+	algoDissemination           // barrier rounds at distances 1, 2, 4, ...
+)
+
+var algorithmNames = [...]string{
+	algoAuto:          "auto",
+	algoRing:          "ring",
+	algoRHD:           "rhd",
+	algoRD:            "rd",
+	algoTree:          "tree",
+	algoChain:         "chain",
+	algoDirect:        "direct",
+	algoDissemination: "dissemination",
+}
+
+func (a algorithm) String() string {
+	if int(a) < len(algorithmNames) {
+		return algorithmNames[a]
+	}
+	return fmt.Sprintf("algorithm(%d)", uint8(a))
+}
+
+// parseAlgorithm reads GORUN_ALGO: "" or "auto" for the defaults, else one
+// of the names above.
+func parseAlgorithm(s string) (algorithm, error) {
+	s = strings.ToLower(strings.TrimSpace(s))
+	if s == "" {
+		return algoAuto, nil
+	}
+	for a, name := range algorithmNames {
+		if s == name {
+			return algorithm(a), nil
+		}
+	}
+	return algoAuto, fmt.Errorf("collective: unknown algorithm %q (want one of %s)", s, strings.Join(algorithmNames[:], ", "))
+}
+
+// Size thresholds, in bytes of the caller's buffer. Below a threshold the
+// fewer, latency-bound rounds win; above it the bandwidth-optimal ring,
+// which moves 2(n-1)/n of the buffer per rank in n-1 pipelined steps.
+const (
+	// allReduceDoublingMax: recursive doubling, log2(n) rounds of the whole
+	// buffer, up to this size.
+	allReduceDoublingMax = 16 << 10
+	// allReduceHalvingMax: Rabenseifner (the ring's volume in 2 log2(n)
+	// rounds) up to this size; the ring above it. Non-powers of two pay an
+	// extra full-buffer exchange to fold the extra ranks, so they switch to
+	// the ring earlier.
+	allReduceHalvingMax     = 4 << 20
+	allReduceHalvingMaxFold = 256 << 10
+	// broadcastTreeMax: binomial tree up to this size, pipelined chain above.
+	broadcastTreeMax = 256 << 10
+	// reduceTreeMax: binomial tree up to this size, ring reduce-scatter and
+	// a gather to the root above.
+	reduceTreeMax = 256 << 10
+	// reduceScatterDoublingMax: an all-reduce by recursive doubling on a
+	// copy up to this size, the ring above.
+	reduceScatterDoublingMax = 16 << 10
+
+	// defaultSegment is the payload of one frame in pipelined algorithms:
+	// large enough to amortise a frame's cost, small enough that a rank
+	// reduces or forwards one segment while the next is on the wire.
+	defaultSegment = 512 << 10
+)
+
+func (c *comm) allReduceAlgorithm(n int) algorithm {
+	switch c.cfg.algo {
+	case algoRing, algoRHD, algoRD:
+		return c.cfg.algo
+	}
+	switch {
+	case n <= allReduceDoublingMax:
+		return algoRD
+	case isPowerOfTwo(c.size()) && n <= allReduceHalvingMax,
+		n <= allReduceHalvingMaxFold:
+		return algoRHD
+	}
+	return algoRing
+}
+
+func (c *comm) broadcastAlgorithm(n int) algorithm {
+	switch c.cfg.algo {
+	case algoTree, algoChain:
+		return c.cfg.algo
+	}
+	if n <= broadcastTreeMax {
+		return algoTree
+	}
+	return algoChain
+}
+
+func (c *comm) reduceAlgorithm(n int) algorithm {
+	switch c.cfg.algo {
+	case algoTree, algoRing:
+		return c.cfg.algo
+	}
+	if n <= reduceTreeMax {
+		return algoTree
+	}
+	return algoRing
+}
+
+func (c *comm) reduceScatterAlgorithm(n int) algorithm {
+	switch c.cfg.algo {
+	case algoRing, algoRD:
+		return c.cfg.algo
+	}
+	if n <= reduceScatterDoublingMax {
+		return algoRD
+	}
+	return algoRing
+}
+
+func isPowerOfTwo(n int) bool { return n > 0 && n&(n-1) == 0 }
+
+// floorPowerOfTwo is the largest power of two not above n (n >= 1).
+func floorPowerOfTwo(n int) int { return 1 << (bits.Len(uint(n)) - 1) }
+
+// span is a byte range of a buffer.
+type span struct{ off, len int }
+
+func (s span) of(b []byte) []byte { return b[s.off : s.off+s.len] }
+
+// evenSpans cuts count elements of size bytes into parts near-equal
+// ranges, the first count%parts one element longer.
+func evenSpans(count, size, parts int) []span {
+	spans := make([]span, parts)
+	q, r := count/parts, count%parts
+	off := 0
+	for i := range spans {
+		n := q
+		if i < r {
+			n++
+		}
+		spans[i] = span{off * size, n * size}
+		off += n
+	}
+	return spans
+}
+
+// countSpans turns per-rank element counts into byte ranges.
+func countSpans(counts []int, size int) []span {
+	spans := make([]span, len(counts))
+	off := 0
+	for i, n := range counts {
+		spans[i] = span{off, n * size}
+		off += n * size
+	}
+	return spans
+}

@@ -1,0 +1,30 @@
+package collective
+
+import "context"
+
+// Barrier returns once every rank has entered it, by dissemination: in
+// round k rank r signals r+2^k and waits for r-2^k, so after
+// ceil(log2(n)) rounds every rank has heard, through some path, from all.
+func (c *comm) Barrier(ctx context.Context) error {
+	return c.barrier(ctx, collBarrier, 0)
+}
+
+// barrier runs a dissemination barrier whose empty frames carry coll and
+// count (Split checks its arguments with it).
+func (c *comm) barrier(ctx context.Context, coll collKind, count uint64) error {
+	o, err := c.begin(ctx, header{coll: coll, algo: algoDissemination, count: count})
+	if err != nil {
+		return err
+	}
+	n, me := c.size(), c.rank
+	for dist := 1; dist < n; dist <<= 1 {
+		incoming := o.expect((me-dist+n)%n, nil, dist)
+		if err := o.send((me+dist)%n, nil, dist); err != nil {
+			return c.end(o, err)
+		}
+		if err := o.awaitAll(incoming); err != nil {
+			return c.end(o, err)
+		}
+	}
+	return c.end(o, nil)
+}

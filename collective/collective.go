@@ -1,0 +1,166 @@
+// Package collective holds the transport-agnostic collective algorithms,
+// the reduction kernels per data type, and the transports that carry them
+// (TCP for any host). The runtime package builds torch.distributed's API
+// on the Comm interface defined here; the NCCL backend implements the same
+// interface.
+package collective
+
+import (
+	"context"
+	"fmt"
+)
+
+// DType is an element type of a buffer.
+type DType uint8
+
+// The element types, numbered as NCCL numbers them where it has them.
+const (
+	Int8     DType = 0
+	Uint8    DType = 1
+	Int32    DType = 2
+	Int64    DType = 4
+	Float16  DType = 6
+	Float32  DType = 7
+	Float64  DType = 8
+	BFloat16 DType = 9
+)
+
+// Size is the width of one element in bytes.
+func (d DType) Size() int {
+	switch d {
+	case Int8, Uint8:
+		return 1
+	case Float16, BFloat16:
+		return 2
+	case Int32, Float32:
+		return 4
+	case Int64, Float64:
+		return 8
+	}
+	return 0
+}
+
+// IsFloat reports whether d is a floating-point type.
+func (d DType) IsFloat() bool {
+	return d == Float16 || d == BFloat16 || d == Float32 || d == Float64
+}
+
+func (d DType) String() string {
+	switch d {
+	case Int8:
+		return "int8"
+	case Uint8:
+		return "uint8"
+	case Int32:
+		return "int32"
+	case Int64:
+		return "int64"
+	case Float16:
+		return "float16"
+	case BFloat16:
+		return "bfloat16"
+	case Float32:
+		return "float32"
+	case Float64:
+		return "float64"
+	}
+	return fmt.Sprintf("dtype(%d)", uint8(d))
+}
+
+// Op is a reduction operator.
+type Op uint8
+
+// The reduction operators, numbered as NCCL numbers the ones it has.
+const (
+	Sum     Op = 0
+	Product Op = 1
+	Max     Op = 2
+	Min     Op = 3
+	Avg     Op = 4 // float types only
+	BAnd    Op = 5 // integer types only
+	BOr     Op = 6 // integer types only
+	BXor    Op = 7 // integer types only
+)
+
+func (o Op) String() string {
+	switch o {
+	case Sum:
+		return "sum"
+	case Product:
+		return "product"
+	case Max:
+		return "max"
+	case Min:
+		return "min"
+	case Avg:
+		return "avg"
+	case BAnd:
+		return "band"
+	case BOr:
+		return "bor"
+	case BXor:
+		return "bxor"
+	}
+	return fmt.Sprintf("op(%d)", uint8(o))
+}
+
+// AnySource lets Recv accept a message from whichever peer sends first.
+const AnySource = -1
+
+// Comm is a communicator: the ranks of one process group and the
+// operations among them. Buffers are raw bytes holding elements of the
+// given DType; counts are in elements. Every rank of the communicator must
+// call the same collectives in the same order with matching shapes; a
+// mismatch is an error on every rank involved, never a hang or corrupt
+// data. Calls on one Comm are executed one at a time in the order they were
+// made (the runtime queues asynchronous ones); Send and Recv with distinct
+// tags or peers may overlap with each other but not with collectives.
+//
+// A blocked call returns when ctx is done, with an error naming the peers
+// it was still waiting for; a peer's death fails the pending calls that
+// depend on it at once. All ranks are ranks within the communicator.
+type Comm interface {
+	Rank() int
+	Size() int
+
+	// AllReduce reduces buf across all ranks, in place, bitwise identical
+	// on every rank.
+	AllReduce(ctx context.Context, buf []byte, dt DType, op Op) error
+	// Broadcast copies root's buf into every rank's buf.
+	Broadcast(ctx context.Context, buf []byte, dt DType, root int) error
+	// Reduce reduces buf across all ranks into root's buf; other ranks'
+	// buffers are left unspecified.
+	Reduce(ctx context.Context, buf []byte, dt DType, op Op, root int) error
+	// AllGather concatenates every rank's in into out, in rank order;
+	// len(out) == Size()*len(in).
+	AllGather(ctx context.Context, out, in []byte, dt DType) error
+	// Gather is AllGather whose result only root receives (out is ignored
+	// on other ranks).
+	Gather(ctx context.Context, out, in []byte, dt DType, root int) error
+	// Scatter gives rank i the i-th len(out)-sized slice of root's in.
+	Scatter(ctx context.Context, out, in []byte, dt DType, root int) error
+	// ReduceScatter reduces in across ranks and leaves the i-th slice of
+	// the result on rank i; counts[i] is that slice's element count and
+	// len(in) is their sum (times the element size).
+	ReduceScatter(ctx context.Context, out, in []byte, dt DType, op Op, counts []int) error
+	// AllToAll sends the i-th slice of in (sendCounts[i] elements) to rank
+	// i and receives rank i's slice for us into the i-th slice of out
+	// (recvCounts[i] elements).
+	AllToAll(ctx context.Context, out, in []byte, dt DType, sendCounts, recvCounts []int) error
+	// Barrier returns once every rank has entered it.
+	Barrier(ctx context.Context) error
+
+	// Send delivers buf to peer; it matches the peer's Recv with the same tag.
+	Send(ctx context.Context, buf []byte, dt DType, peer int, tag int) error
+	// Recv fills buf from peer (or AnySource) and returns the sender.
+	Recv(ctx context.Context, buf []byte, dt DType, peer int, tag int) (int, error)
+
+	// Split creates a communicator of the ranks listed (in that order; the
+	// new rank of ranks[i] is i). Every rank of this communicator calls it
+	// with the same list; ranks not listed get (nil, nil). id must be the
+	// same on every rank and unique among this communicator's splits.
+	Split(ctx context.Context, ranks []int, id string) (Comm, error)
+
+	// Close releases the communicator; pending calls fail.
+	Close() error
+}

@@ -1,0 +1,451 @@
+package collective
+
+import (
+	"context"
+	"encoding/binary"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"hash/fnv"
+	"os"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/rs/zerolog"
+
+	"github.com/gorun/gorun/rendezvous"
+)
+
+// TCPOptions configures NewTCP. The zero value is usable.
+type TCPOptions struct {
+	// Logger receives connection events at debug and anomalies at warn;
+	// the zero value logs nothing.
+	Logger zerolog.Logger
+	// Ifname is the network interface to listen on. See listenHost for
+	// the rule when it is empty.
+	Ifname string
+	// Host is the address to listen on and advertise; it overrides Ifname.
+	Host string
+	// Eager connects to every peer during NewTCP instead of on first use.
+	Eager bool
+
+	// algo forces an algorithm as GORUN_ALGO does (tests, experiments).
+	algo string
+	// segment overrides the bytes per frame of pipelined algorithms.
+	segment int
+	// getenv reads the environment (os.Getenv when nil).
+	getenv func(string) string
+}
+
+// config is what a communicator and its splits share.
+type config struct {
+	algo    algorithm // forced by GORUN_ALGO; algoAuto chooses by size
+	segment int
+}
+
+// worldID is the world communicator's id; splits hash their ids from it.
+const worldID = 1
+
+// NewTCP joins the world communicator of size ranks: it listens on a TCP
+// port, publishes "host:port" in store under "collective/addr/<rank>", and
+// returns a Comm whose peers are found through store. Connections are
+// made on first use, or during NewTCP when opts.Eager is set. Closing the
+// returned Comm closes the transport that its splits share.
+//
+// The environment variable GORUN_ALGO ("ring", "rhd", "rd", "tree",
+// "chain") forces the algorithm of the collectives that have it; every
+// rank must agree (frames carry the algorithm, so ranks that do not fail
+// with ErrMismatch).
+func NewTCP(ctx context.Context, store rendezvous.Store, rank, size int, opts TCPOptions) (Comm, error) {
+	if size < 1 || rank < 0 || rank >= size {
+		return nil, fmt.Errorf("collective: rank %d out of range for world size %d", rank, size)
+	}
+	getenv := opts.getenv
+	if getenv == nil {
+		getenv = os.Getenv
+	}
+	name := opts.algo
+	if name == "" {
+		name = getenv("GORUN_ALGO")
+	}
+	algo, err := parseAlgorithm(name)
+	if err != nil {
+		return nil, err
+	}
+	cfg := config{algo: algo, segment: opts.segment}
+	if cfg.segment <= 0 {
+		cfg.segment = defaultSegment
+	}
+	host, err := listenHost(ctx, opts, getenv)
+	if err != nil {
+		return nil, err
+	}
+	log := opts.Logger.With().Str("component", "collective").Int("rank", rank).Logger()
+	t, err := newTransport(ctx, store, rank, size, host, cfg, log)
+	if err != nil {
+		return nil, err
+	}
+	members := make([]int, size)
+	for i := range members {
+		members[i] = i
+	}
+	world := newComm(t, worldID, rank, members)
+	world.isWorld = true
+	if err := t.register(world); err != nil {
+		t.close()
+		return nil, err
+	}
+	if opts.Eager {
+		if err := t.connectAll(ctx); err != nil {
+			world.Close()
+			return nil, err
+		}
+	}
+	return world, nil
+}
+
+// connectAll dials every peer at once.
+func (t *transport) connectAll(ctx context.Context) error {
+	errs := make([]error, t.size)
+	var wg sync.WaitGroup
+	for dst := range t.size {
+		if dst == t.rank {
+			continue
+		}
+		wg.Go(func() {
+			if _, err := t.outgoing(ctx, dst); err != nil {
+				errs[dst] = &PeerError{Rank: dst, Op: "connect", Err: err}
+			}
+		})
+	}
+	wg.Wait()
+	return errors.Join(errs...)
+}
+
+// comm is a communicator over the TCP transport: the world, or a split of
+// it sharing the world's connections.
+type comm struct {
+	t       *transport
+	id      uint64
+	rank    int
+	world   []int // comm rank -> world rank
+	cfg     config
+	log     zerolog.Logger
+	isWorld bool
+
+	seq  uint64 // the last collective's sequence number (calls are sequential)
+	coll op     // the collective in flight, reused
+	prev header // the last collective's frame template, for mismatch errors
+
+	progress  atomic.Pointer[progress] // the latest collective, for queries
+	waitingOn atomic.Int32             // the rank its op blocks on, or -1
+
+	failMu sync.Mutex
+	err    error         // the first failure; set before failed is closed
+	failed chan struct{} // closed on the first failure or Close
+	closed atomic.Bool
+}
+
+var _ Comm = (*comm)(nil)
+
+func newComm(t *transport, id uint64, rank int, world []int) *comm {
+	c := &comm{
+		t:      t,
+		id:     id,
+		rank:   rank,
+		world:  world,
+		cfg:    t.cfg,
+		log:    t.log.With().Uint64("comm", id).Logger(),
+		failed: make(chan struct{}),
+	}
+	c.waitingOn.Store(-1)
+	return c
+}
+
+// register makes c reachable by id, applying an abort that came first.
+func (t *transport) register(c *comm) error {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	switch {
+	case t.closed:
+		return ErrClosed
+	case t.comms[c.id] != nil || t.retired[c.id]:
+		return fmt.Errorf("collective: communicator %#x exists already: split ids must be unique", c.id)
+	}
+	t.comms[c.id] = c
+	if note := t.orphans[c.id]; note != nil {
+		delete(t.orphans, c.id)
+		c.fail(note.errorFor(c.rank))
+	}
+	return nil
+}
+
+func (c *comm) Rank() int { return c.rank }
+func (c *comm) Size() int { return len(c.world) }
+func (c *comm) size() int { return len(c.world) }
+
+// commRank maps a world rank to its rank in c, or fallback.
+func (c *comm) commRank(world, fallback int) int {
+	if i := slices.Index(c.world, world); i >= 0 {
+		return i
+	}
+	return fallback
+}
+
+// fail records the communicator's first failure and wakes its waiting
+// op. It reports whether err was the first.
+func (c *comm) fail(err error) bool {
+	c.failMu.Lock()
+	defer c.failMu.Unlock()
+	if c.err != nil {
+		return false
+	}
+	c.err = err
+	close(c.failed)
+	return true
+}
+
+// begin starts a collective: it fails fast on a closed or failed
+// communicator or a member known gone, and numbers the call.
+func (c *comm) begin(ctx context.Context, h header) (*op, error) {
+	if c.closed.Load() {
+		return nil, ErrClosed
+	}
+	select {
+	case <-c.failed:
+		return nil, c.err
+	default:
+	}
+	c.seq++
+	h.kind, h.comm, h.seq = kindData, c.id, c.seq
+	o := &c.coll
+	o.reset(c, ctx, h)
+	c.progress.Store(&progress{seq: c.seq, coll: h.coll, active: true})
+	for peer, w := range c.world {
+		if peer == c.rank {
+			continue
+		}
+		if err := c.t.peerGone(w); err != nil {
+			return nil, o.finish(&PeerError{Rank: peer, Op: o.label(), Err: err})
+		}
+	}
+	return o, nil
+}
+
+// end finishes a collective begun by begin.
+func (c *comm) end(o *op, err error) error {
+	c.progress.Store(&progress{seq: o.hdr.seq, coll: o.hdr.coll})
+	c.prev = o.hdr
+	return o.finish(err)
+}
+
+// tellOthers sends an abort note describing err to every other member,
+// so that their current or next call fails with it. It returns once the
+// notes are written, or after noteWait: the caller may exit right after
+// its call fails, and the notes must not die with it.
+func (c *comm) tellOthers(err error, label string) {
+	payload, jerr := json.Marshal(noteFor(err, c.rank, label))
+	if jerr != nil {
+		return
+	}
+	h := header{kind: kindAbort, comm: c.id, length: uint32(len(payload))}
+	t := c.t
+	var sent sync.WaitGroup
+	for peer, dst := range c.world {
+		if peer == c.rank {
+			continue
+		}
+		t.mu.Lock()
+		gone := t.peers[dst].outErr != nil
+		t.mu.Unlock()
+		if !gone {
+			sent.Add(1)
+			t.spawn(func() {
+				defer sent.Done()
+				t.sendControl(dst, &h, payload)
+			})
+		}
+	}
+	done := make(chan struct{})
+	go func() {
+		sent.Wait()
+		close(done)
+	}()
+	timer := time.NewTimer(noteWait)
+	defer timer.Stop()
+	select {
+	case <-done:
+	case <-timer.C:
+	}
+}
+
+// sendControl sends one control frame to dst, dialling if need be, giving
+// up after abortTimeout or when the transport closes.
+func (t *transport) sendControl(dst int, h *header, payload []byte) {
+	ctx, cancel := context.WithTimeout(t.life, abortTimeout)
+	defer cancel()
+	oc, err := t.outgoing(ctx, dst)
+	if err != nil {
+		return
+	}
+	r := &sendReq{payload: payload, done: make(chan struct{}, 1)}
+	h.encode(&r.hdr)
+	oc.enqueue(r)
+	select {
+	case <-r.done:
+	case <-ctx.Done():
+	}
+}
+
+// control handles a non-data frame from src.
+func (t *transport) control(src int, h *header, payload []byte) {
+	switch h.kind {
+	case kindAbort:
+		var note abortNote
+		if err := json.Unmarshal(payload, &note); err != nil {
+			t.log.Warn().Int("peer", src).Err(err).Msg("bad abort note")
+			return
+		}
+		t.mu.Lock()
+		c := t.comms[h.comm]
+		if c == nil {
+			if !t.retired[h.comm] {
+				t.orphans[h.comm] = &note
+			}
+			t.mu.Unlock()
+			return
+		}
+		t.mu.Unlock()
+		err := note.errorFor(c.rank)
+		if c.fail(err) {
+			c.log.Debug().Int("peer", src).Err(err).Msg("aborted by peer")
+		}
+	case kindQuery, kindStatus:
+		t.diagnosisFrame(src, h, payload)
+	}
+}
+
+// abortNote is an abort frame's payload: why the reporter's op failed.
+type abortNote struct {
+	Reporter int    `json:"reporter"` // comm rank
+	Op       string `json:"op"`
+	Kind     string `json:"kind"` // "mismatch", "peer", "closed", "error"
+	Rank     int    `json:"rank"` // the peer a "peer" note names
+	Cause    string `json:"cause"`
+	// A mismatch: the two ranks and their frames' headers.
+	RankA   int    `json:"rank_a,omitempty"`
+	RankB   int    `json:"rank_b,omitempty"`
+	HeaderA []byte `json:"header_a,omitempty"`
+	HeaderB []byte `json:"header_b,omitempty"`
+	Detail  string `json:"detail,omitempty"`
+}
+
+func noteFor(err error, reporter int, label string) *abortNote {
+	n := &abortNote{Reporter: reporter, Op: label, Kind: "error", Cause: err.Error()}
+	var m *MismatchError
+	var p *PeerError
+	switch {
+	case errors.As(err, &m):
+		var a, b [headerSize]byte
+		m.hdrA.encode(&a)
+		m.hdrB.encode(&b)
+		n.Kind, n.RankA, n.RankB, n.HeaderA, n.HeaderB, n.Detail = "mismatch", m.RankA, m.RankB, a[:], b[:], m.detail
+	case errors.As(err, &p):
+		n.Kind, n.Rank, n.Cause = "peer", p.Rank, p.Err.Error()
+		if p.Op != "" {
+			n.Op = p.Op
+		}
+	case errors.Is(err, ErrClosed):
+		n.Kind = "closed"
+	}
+	return n
+}
+
+// errorFor is the error the note means to the rank viewer.
+func (n *abortNote) errorFor(viewer int) error {
+	switch n.Kind {
+	case "mismatch":
+		e := &MismatchError{Viewer: viewer, RankA: n.RankA, RankB: n.RankB, detail: n.Detail}
+		if len(n.HeaderA) == headerSize && len(n.HeaderB) == headerSize &&
+			e.hdrA.decode(n.HeaderA) == nil && e.hdrB.decode(n.HeaderB) == nil {
+			e.fill()
+			return e
+		}
+	case "peer":
+		return &PeerError{Rank: n.Rank, Op: n.Op, Err: &remoteError{reporter: n.Reporter, msg: n.Cause}}
+	case "closed":
+		return &PeerError{Rank: n.Reporter, Op: n.Op, Err: errors.New("closed its communicator during the call")}
+	}
+	return &PeerError{Rank: n.Reporter, Op: n.Op, Err: &remoteError{reporter: n.Reporter, msg: n.Cause}}
+}
+
+// Split creates the communicator of ranks without any store traffic: its
+// id hashes this communicator's id, id and ranks, and a barrier whose
+// frames carry that hash checks that every rank asked for the same one.
+func (c *comm) Split(ctx context.Context, ranks []int, id string) (Comm, error) {
+	if len(ranks) == 0 {
+		return nil, errors.New("collective: split of no ranks")
+	}
+	seen := make(map[int]bool, len(ranks))
+	for _, r := range ranks {
+		if r < 0 || r >= c.size() || seen[r] {
+			return nil, fmt.Errorf("collective: split ranks %v: bad or repeated rank %d", ranks, r)
+		}
+		seen[r] = true
+	}
+	key := splitID(c.id, id, ranks)
+	if err := c.barrier(ctx, collSplit, key); err != nil {
+		return nil, err
+	}
+	me := slices.Index(ranks, c.rank)
+	if me < 0 {
+		return nil, nil
+	}
+	world := make([]int, len(ranks))
+	for i, r := range ranks {
+		world[i] = c.world[r]
+	}
+	child := newComm(c.t, key, me, world)
+	if err := c.t.register(child); err != nil {
+		return nil, err
+	}
+	return child, nil
+}
+
+// splitID hashes a split's parent, id and ranks into the child's id.
+func splitID(parent uint64, id string, ranks []int) uint64 {
+	h := fnv.New64a()
+	var b [8]byte
+	binary.LittleEndian.PutUint64(b[:], parent)
+	h.Write(b[:])
+	h.Write([]byte(id))
+	for _, r := range ranks {
+		binary.LittleEndian.PutUint64(b[:], uint64(r))
+		h.Write(b[:])
+	}
+	if v := h.Sum64(); v != worldID {
+		return v
+	}
+	return worldID + 1
+}
+
+// Close fails the calls pending on c with ErrClosed and forgets its
+// mailboxes; closing the world also closes the transport, its
+// connections and goroutines, and so every split. Idempotent.
+func (c *comm) Close() error {
+	if !c.closed.CompareAndSwap(false, true) {
+		return nil
+	}
+	c.fail(ErrClosed)
+	t := c.t
+	t.mu.Lock()
+	delete(t.comms, c.id)
+	t.retireLocked(c.id)
+	t.mu.Unlock()
+	if c.isWorld {
+		t.close()
+	}
+	return nil
+}

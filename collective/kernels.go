@@ -1,0 +1,362 @@
+package collective
+
+import (
+	"fmt"
+	"math"
+	"unsafe"
+)
+
+// The reduction kernels work on typed views of the byte buffers
+// (unsafe.Slice, no copy), four elements per iteration with the bounds
+// checks hoisted by re-slicing, and allocate nothing.
+//
+// Semantics:
+//   - Integers wrap on overflow (sum and product), as two's complement does.
+//   - float16 and bfloat16 are widened to float32, combined, and rounded
+//     back to nearest even after every combine.
+//   - Max and Min propagate NaN: when an operand is NaN the result is NaN
+//     (the first operand's when both are). Between zeros, Max prefers +0 and
+//     Min -0, so the result does not depend on the operands' order. This is
+//     torch.maximum/torch.minimum's rule.
+//   - Avg reduces like Sum; the collective divides by the number of ranks
+//     once at the end. It applies to floating-point types only.
+//   - BAnd, BOr, BXor apply to integer types only.
+//
+// The algorithms combine in an order fixed per element (see allreduce.go),
+// so results are bitwise identical on every rank.
+
+// ReduceInto combines src into dst elementwise: dst[i] = dst[i] op src[i].
+// Both hold elements of dt and have the same length. Avg accumulates like
+// Sum (the caller divides); an op that does not apply to dt is an error.
+func ReduceInto(dst, src []byte, dt DType, op Op) error {
+	if err := checkReduction(dt, op); err != nil {
+		return err
+	}
+	if len(dst) != len(src) {
+		return fmt.Errorf("collective: reduce into %d bytes from %d bytes", len(dst), len(src))
+	}
+	if len(dst)%dt.Size() != 0 {
+		return fmt.Errorf("collective: %d bytes is not a whole number of %v elements", len(dst), dt)
+	}
+	combine(dst, dst, src, dt, op)
+	return nil
+}
+
+// checkReduction rejects unknown types and operators, and the pairs that
+// make no sense.
+func checkReduction(dt DType, op Op) error {
+	if dt.Size() == 0 {
+		return fmt.Errorf("collective: unknown dtype %v", dt)
+	}
+	switch op {
+	case Sum, Product, Max, Min:
+	case Avg:
+		if !dt.IsFloat() {
+			return fmt.Errorf("collective: avg needs a floating-point dtype, not %v", dt)
+		}
+	case BAnd, BOr, BXor:
+		if dt.IsFloat() {
+			return fmt.Errorf("collective: %v needs an integer dtype, not %v", op, dt)
+		}
+	default:
+		return fmt.Errorf("collective: unknown reduction %v", op)
+	}
+	return nil
+}
+
+// combine sets dst = a op b elementwise. dst may be a or b (in place);
+// the order of a and b only matters for NaN payloads, which is why the
+// algorithms fix it. The arguments have been checked.
+func combine(dst, a, b []byte, dt DType, op Op) {
+	switch dt {
+	case Int8:
+		combineInt(view[int8](dst), view[int8](a), view[int8](b), op)
+	case Uint8:
+		combineInt(view[uint8](dst), view[uint8](a), view[uint8](b), op)
+	case Int32:
+		combineInt(view[int32](dst), view[int32](a), view[int32](b), op)
+	case Int64:
+		combineInt(view[int64](dst), view[int64](a), view[int64](b), op)
+	case Float32:
+		combineFloat(view[float32](dst), view[float32](a), view[float32](b), op)
+	case Float64:
+		combineFloat(view[float64](dst), view[float64](a), view[float64](b), op)
+	case Float16:
+		combineHalf(view[uint16](dst), view[uint16](a), view[uint16](b), op, widenFloat16, narrowFloat16)
+	case BFloat16:
+		combineHalf(view[uint16](dst), view[uint16](a), view[uint16](b), op, widenBFloat16, narrowBFloat16)
+	}
+}
+
+// view reinterprets b as a slice of T, dropping a partial trailing element.
+func view[T any](b []byte) []T {
+	var zero T
+	n := len(b) / int(unsafe.Sizeof(zero))
+	if n == 0 {
+		return nil
+	}
+	return unsafe.Slice((*T)(unsafe.Pointer(unsafe.SliceData(b))), n)
+}
+
+type integer interface {
+	~int8 | ~uint8 | ~int32 | ~int64
+}
+
+type float interface {
+	~float32 | ~float64
+}
+
+func combineInt[T integer](d, a, b []T, op Op) {
+	switch op {
+	case Sum:
+		addSlices(d, a, b)
+	case Product:
+		mulSlices(d, a, b)
+	case Max:
+		maxInts(d, a, b)
+	case Min:
+		minInts(d, a, b)
+	case BAnd:
+		andSlices(d, a, b)
+	case BOr:
+		orSlices(d, a, b)
+	case BXor:
+		xorSlices(d, a, b)
+	}
+}
+
+func combineFloat[T float](d, a, b []T, op Op) {
+	switch op {
+	case Sum, Avg:
+		addSlices(d, a, b)
+	case Product:
+		mulSlices(d, a, b)
+	case Max:
+		maxFloats(d, a, b)
+	case Min:
+		minFloats(d, a, b)
+	}
+}
+
+// halfBlock is how many half-precision elements combineHalf widens at a
+// time, in arrays on the stack.
+const halfBlock = 512
+
+func combineHalf(d, a, b []uint16, op Op, widen func([]float32, []uint16), narrow func([]uint16, []float32)) {
+	var wa, wb [halfBlock]float32
+	for len(d) > 0 {
+		n := min(len(d), halfBlock)
+		fa, fb := wa[:n], wb[:n]
+		widen(fa, a[:n])
+		widen(fb, b[:n])
+		combineFloat(fa, fa, fb, op)
+		narrow(d[:n], fa)
+		d, a, b = d[n:], a[n:], b[n:]
+	}
+}
+
+func widenFloat16(dst []float32, src []uint16) {
+	src = src[:len(dst)]
+	for i, h := range src {
+		dst[i] = Float16ToFloat32(h)
+	}
+}
+
+func narrowFloat16(dst []uint16, src []float32) {
+	src = src[:len(dst)]
+	for i, f := range src {
+		dst[i] = Float32ToFloat16(f)
+	}
+}
+
+func widenBFloat16(dst []float32, src []uint16) {
+	src = src[:len(dst)]
+	for i, h := range src {
+		dst[i] = BFloat16ToFloat32(h)
+	}
+}
+
+func narrowBFloat16(dst []uint16, src []float32) {
+	src = src[:len(dst)]
+	for i, f := range src {
+		dst[i] = Float32ToBFloat16(f)
+	}
+}
+
+// The elementwise loops below are unrolled by four; re-slicing each group
+// to length four lets the compiler drop the bounds checks inside it.
+
+func addSlices[T integer | float](d, a, b []T) {
+	n := len(d)
+	a, b = a[:n], b[:n]
+	i := 0
+	for ; i+4 <= n; i += 4 {
+		dd, aa, bb := d[i:i+4:i+4], a[i:i+4:i+4], b[i:i+4:i+4]
+		dd[0] = aa[0] + bb[0]
+		dd[1] = aa[1] + bb[1]
+		dd[2] = aa[2] + bb[2]
+		dd[3] = aa[3] + bb[3]
+	}
+	for ; i < n; i++ {
+		d[i] = a[i] + b[i]
+	}
+}
+
+func mulSlices[T integer | float](d, a, b []T) {
+	n := len(d)
+	a, b = a[:n], b[:n]
+	i := 0
+	for ; i+4 <= n; i += 4 {
+		dd, aa, bb := d[i:i+4:i+4], a[i:i+4:i+4], b[i:i+4:i+4]
+		dd[0] = aa[0] * bb[0]
+		dd[1] = aa[1] * bb[1]
+		dd[2] = aa[2] * bb[2]
+		dd[3] = aa[3] * bb[3]
+	}
+	for ; i < n; i++ {
+		d[i] = a[i] * b[i]
+	}
+}
+
+func andSlices[T integer](d, a, b []T) {
+	n := len(d)
+	a, b = a[:n], b[:n]
+	i := 0
+	for ; i+4 <= n; i += 4 {
+		dd, aa, bb := d[i:i+4:i+4], a[i:i+4:i+4], b[i:i+4:i+4]
+		dd[0] = aa[0] & bb[0]
+		dd[1] = aa[1] & bb[1]
+		dd[2] = aa[2] & bb[2]
+		dd[3] = aa[3] & bb[3]
+	}
+	for ; i < n; i++ {
+		d[i] = a[i] & b[i]
+	}
+}
+
+func orSlices[T integer](d, a, b []T) {
+	n := len(d)
+	a, b = a[:n], b[:n]
+	i := 0
+	for ; i+4 <= n; i += 4 {
+		dd, aa, bb := d[i:i+4:i+4], a[i:i+4:i+4], b[i:i+4:i+4]
+		dd[0] = aa[0] | bb[0]
+		dd[1] = aa[1] | bb[1]
+		dd[2] = aa[2] | bb[2]
+		dd[3] = aa[3] | bb[3]
+	}
+	for ; i < n; i++ {
+		d[i] = a[i] | b[i]
+	}
+}
+
+func xorSlices[T integer](d, a, b []T) {
+	n := len(d)
+	a, b = a[:n], b[:n]
+	i := 0
+	for ; i+4 <= n; i += 4 {
+		dd, aa, bb := d[i:i+4:i+4], a[i:i+4:i+4], b[i:i+4:i+4]
+		dd[0] = aa[0] ^ bb[0]
+		dd[1] = aa[1] ^ bb[1]
+		dd[2] = aa[2] ^ bb[2]
+		dd[3] = aa[3] ^ bb[3]
+	}
+	for ; i < n; i++ {
+		d[i] = a[i] ^ b[i]
+	}
+}
+
+func maxInts[T integer](d, a, b []T) {
+	n := len(d)
+	a, b = a[:n], b[:n]
+	for i := range d {
+		d[i] = max(a[i], b[i])
+	}
+}
+
+func minInts[T integer](d, a, b []T) {
+	n := len(d)
+	a, b = a[:n], b[:n]
+	for i := range d {
+		d[i] = min(a[i], b[i])
+	}
+}
+
+func maxFloats[T float](d, a, b []T) {
+	n := len(d)
+	a, b = a[:n], b[:n]
+	for i := range d {
+		d[i] = maxFloat(a[i], b[i])
+	}
+}
+
+func minFloats[T float](d, a, b []T) {
+	n := len(d)
+	a, b = a[:n], b[:n]
+	for i := range d {
+		d[i] = minFloat(a[i], b[i])
+	}
+}
+
+// maxFloat is the larger of x and y, NaN if either is (x's when both
+// are), +0 between zeros of both signs.
+func maxFloat[T float](x, y T) T {
+	switch {
+	case x > y:
+		return x
+	case y > x:
+		return y
+	case x != x:
+		return x
+	case y != y:
+		return y
+	case x == 0 && math.Signbit(float64(x)):
+		return y
+	}
+	return x
+}
+
+// minFloat is the smaller of x and y, NaN if either is (x's when both
+// are), -0 between zeros of both signs.
+func minFloat[T float](x, y T) T {
+	switch {
+	case x < y:
+		return x
+	case y < x:
+		return y
+	case x != x:
+		return x
+	case y != y:
+		return y
+	case x == 0 && !math.Signbit(float64(x)):
+		return y
+	}
+	return x
+}
+
+// divideBy divides every element of buf by n, for Avg; half precision in
+// float32, rounded to nearest even. Only floating-point types reach here.
+func divideBy(buf []byte, dt DType, n int) {
+	switch dt {
+	case Float32:
+		v, f := view[float32](buf), float32(n)
+		for i := range v {
+			v[i] /= f
+		}
+	case Float64:
+		v, f := view[float64](buf), float64(n)
+		for i := range v {
+			v[i] /= f
+		}
+	case Float16:
+		v, f := view[uint16](buf), float32(n)
+		for i := range v {
+			v[i] = Float32ToFloat16(Float16ToFloat32(v[i]) / f)
+		}
+	case BFloat16:
+		v, f := view[uint16](buf), float32(n)
+		for i := range v {
+			v[i] = Float32ToBFloat16(BFloat16ToFloat32(v[i]) / f)
+		}
+	}
+}

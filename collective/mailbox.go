@@ -1,0 +1,294 @@
+package collective
+
+import (
+	"math/bits"
+	"slices"
+	"sync"
+	"sync/atomic"
+)
+
+// Frames are demultiplexed into mailboxes, one per (communicator, sender,
+// channel): the collectives of a communicator share one channel (their
+// sequence numbers keep them apart), each send/recv tag has its own. A
+// mailbox holds either frames nobody asked for yet or receives posted
+// before their frame came, never both: a frame meeting a posted receive
+// is read straight from the socket into the receiver's buffer.
+
+// anySource is the sender of a mailbox holding AnySource receives.
+const anySource = -1
+
+type boxKey struct {
+	comm uint64
+	src  int // world rank, or anySource
+	p2p  bool
+	tag  int32
+}
+
+type mailbox struct {
+	frames []*frame   // unexpected, oldest first
+	posted []*recvReq // waiting, oldest first
+}
+
+// frame is an unexpected data frame, its payload in a pooled buffer.
+type frame struct {
+	h     header
+	data  []byte
+	class int // pool size class; -1 when not pooled
+}
+
+type reqState uint8
+
+const (
+	reqIdle    reqState = iota
+	reqPosted           // in a mailbox, waiting for its frame
+	reqFilling          // a reader is copying the payload into buf
+	reqDone             // filled, failed or cancelled; done signalled
+)
+
+// recvReq is one posted receive: a frame with exactly header want from src
+// (a world rank, or anySource) into buf. state, from, got, cause and
+// mismatch are guarded by the transport's mutex until done is signalled.
+type recvReq struct {
+	want header
+	src  int
+	peer int // comm rank of src, for errors
+	buf  []byte
+
+	state    reqState
+	from     int    // world rank that sent it
+	got      header // what came, when it was not want
+	mismatch bool
+	cause    error // why no frame can come (the peer's connection ended)
+
+	done     chan struct{} // one token when state becomes reqDone
+	consumed bool          // the op has taken the token (op-local)
+}
+
+// complete marks r done and wakes its op. Called with the transport's
+// mutex held, or by the reader that owns a filling r.
+func (r *recvReq) complete() {
+	r.state = reqDone
+	r.done <- struct{}{}
+}
+
+// sendReq is one frame queued on an outgoing connection.
+type sendReq struct {
+	hdr     [headerSize]byte
+	payload []byte
+	peer    int // comm rank, for errors
+
+	canceled atomic.Bool // set by an op that gave up; the writer skips it
+	err      error       // set before done is signalled
+	done     chan struct{}
+	consumed bool
+}
+
+func (r *sendReq) finish(err error) {
+	r.err = err
+	r.done <- struct{}{}
+}
+
+// reqPool recycles receive and send requests and their channels, so that
+// steady-state collectives allocate nothing per frame.
+type reqPool struct {
+	recvs sync.Pool
+	sends sync.Pool
+}
+
+func (p *reqPool) recv() *recvReq {
+	if r, ok := p.recvs.Get().(*recvReq); ok {
+		return r
+	}
+	return &recvReq{done: make(chan struct{}, 1)}
+}
+
+func (p *reqPool) putRecv(r *recvReq) {
+	*r = recvReq{done: r.done}
+	p.recvs.Put(r)
+}
+
+func (p *reqPool) send() *sendReq {
+	if r, ok := p.sends.Get().(*sendReq); ok {
+		return r
+	}
+	return &sendReq{done: make(chan struct{}, 1)}
+}
+
+func (p *reqPool) putSend(r *sendReq) {
+	r.payload = nil
+	r.err = nil
+	r.consumed = false
+	r.canceled.Store(false)
+	p.sends.Put(r)
+}
+
+// bufferPool recycles the payload buffers of unexpected frames in
+// power-of-two size classes.
+type bufferPool struct {
+	classes [bits.UintSize]sync.Pool
+}
+
+const minPooledClass = 10 // 1 KiB
+
+func (p *bufferPool) get(h *header) *frame {
+	n := int(h.length)
+	if n == 0 {
+		return &frame{h: *h, class: -1}
+	}
+	class := max(bits.Len(uint(n-1)), minPooledClass)
+	if f, ok := p.classes[class].Get().(*frame); ok {
+		f.h = *h
+		f.data = f.data[:n]
+		return f
+	}
+	return &frame{h: *h, data: make([]byte, n, 1<<class), class: class}
+}
+
+func (p *bufferPool) put(f *frame) {
+	if f.class >= 0 {
+		p.classes[f.class].Put(f)
+	}
+}
+
+// takePostedLocked pops the receive a frame with header h from key.src
+// should fill: the oldest posted in its mailbox, else, for the first frame
+// of a message on a tag, the oldest AnySource receive.
+func (t *transport) takePostedLocked(key boxKey, h *header) *recvReq {
+	if box := t.boxes[key]; box != nil && len(box.posted) > 0 {
+		return box.popPosted()
+	}
+	if key.p2p && h.offset == 0 {
+		anyKey := key
+		anyKey.src = anySource
+		if box := t.boxes[anyKey]; box != nil && len(box.posted) > 0 {
+			return box.popPosted()
+		}
+	}
+	return nil
+}
+
+func (b *mailbox) popPosted() *recvReq {
+	r := b.posted[0]
+	b.posted[0] = nil
+	b.posted = b.posted[1:]
+	return r
+}
+
+func (b *mailbox) popFrame() *frame {
+	f := b.frames[0]
+	b.frames[0] = nil
+	b.frames = b.frames[1:]
+	return f
+}
+
+// boxLocked returns key's mailbox, creating it.
+func (t *transport) boxLocked(key boxKey) *mailbox {
+	b := t.boxes[key]
+	if b == nil {
+		b = &mailbox{}
+		t.boxes[key] = b
+	}
+	return b
+}
+
+// post hands r to the transport: it completes at once from a frame that
+// came earlier, or fails at once when its sender is gone, or waits in its
+// mailbox. members are the world ranks an AnySource receive listens to.
+func (t *transport) post(r *recvReq, key boxKey, members []int) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.closed {
+		r.cause = ErrClosed
+		r.complete()
+		return
+	}
+	if key.src == anySource {
+		for _, src := range members {
+			k := key
+			k.src = src
+			if b := t.boxes[k]; b != nil && len(b.frames) > 0 && b.frames[0].h.offset == 0 {
+				t.fillLocked(r, b.popFrame(), src)
+				return
+			}
+		}
+	} else {
+		if b := t.boxes[key]; b != nil && len(b.frames) > 0 {
+			t.fillLocked(r, b.popFrame(), key.src)
+			return
+		}
+		if err := t.peers[key.src].inErr; err != nil {
+			r.cause = err
+			r.complete()
+			return
+		}
+	}
+	b := t.boxLocked(key)
+	b.posted = append(b.posted, r)
+	r.state = reqPosted
+}
+
+// fillLocked completes r from an unexpected frame f sent by src.
+func (t *transport) fillLocked(r *recvReq, f *frame, src int) {
+	r.from = src
+	if f.h != r.want {
+		r.got = f.h
+		r.mismatch = true
+	} else {
+		copy(r.buf, f.data)
+	}
+	t.bufs.put(f)
+	r.complete()
+}
+
+// cancel withdraws r and returns the state it was in: reqPosted (now
+// withdrawn, no token will come), reqFilling (a reader is copying into buf
+// right now; the token comes when that read ends) or reqDone (the token
+// is waiting to be taken).
+func (t *transport) cancel(r *recvReq, key boxKey) reqState {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	state := r.state
+	if state == reqPosted {
+		if b := t.boxes[key]; b != nil {
+			if i := slices.Index(b.posted, r); i >= 0 {
+				b.posted = slices.Delete(b.posted, i, i+1)
+			}
+		}
+		r.state = reqIdle
+	}
+	return state
+}
+
+// failPostedLocked fails every receive waiting on src, whose connection
+// ended with err.
+func (t *transport) failPostedLocked(src int, err error) {
+	for key, b := range t.boxes {
+		if key.src != src {
+			continue
+		}
+		for _, r := range b.posted {
+			r.cause = err
+			r.complete()
+		}
+		b.posted = nil
+	}
+}
+
+// retireLocked forgets a communicator's mailboxes and recycles their
+// frames; frames that come for it later are dropped.
+func (t *transport) retireLocked(comm uint64) {
+	for key, b := range t.boxes {
+		if key.comm != comm {
+			continue
+		}
+		for _, f := range b.frames {
+			t.bufs.put(f)
+		}
+		for _, r := range b.posted {
+			r.cause = ErrClosed
+			r.complete()
+		}
+		delete(t.boxes, key)
+	}
+	t.retired[comm] = true
+}

@@ -1,0 +1,333 @@
+package collective
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"time"
+)
+
+// op is one call in flight: the frames it posted and queued, and how it
+// ends. Algorithms post receives (expect) before the matching data can
+// arrive where they can, queue sends (send), and wait (await, flush); a
+// failure anywhere ends the op through finish, which withdraws what is
+// still outstanding so the caller's buffers are free when the call
+// returns, and tells the other ranks.
+type op struct {
+	c     *comm
+	ctx   context.Context
+	hdr   header // the template of this op's data frames
+	recvs []*recvReq
+	sends []*sendReq
+	held  []*frame // scratch buffers, back to the pool at finish
+}
+
+func (o *op) reset(c *comm, ctx context.Context, h header) {
+	o.c, o.ctx, o.hdr = c, ctx, h
+}
+
+// label names the op in errors: "all_reduce seq 7", "send to rank 2 tag 5".
+func (o *op) label() string {
+	if o.hdr.coll == collSend {
+		return fmt.Sprintf("send/recv tag %d", o.hdr.tag)
+	}
+	return fmt.Sprintf("%v seq %d", o.hdr.coll, o.hdr.seq)
+}
+
+func (o *op) segment() int { return o.c.cfg.segment }
+
+// expect posts receives for buf from peer, one per segment (at least one,
+// so that empty buffers still exchange a header), the payload landing at
+// offset off of the logical buffer both sides agree on. It returns the
+// new requests in order.
+func (o *op) expect(peer int, buf []byte, off int) []*recvReq {
+	start := len(o.recvs)
+	src := o.c.world[peer]
+	key := o.key(src)
+	seg := o.segment()
+	for lo := 0; ; lo += seg {
+		hi := min(lo+seg, len(buf))
+		r := o.c.t.reqs.recv()
+		r.want = o.hdr
+		r.want.offset = uint64(off + lo)
+		r.want.length = uint32(hi - lo)
+		r.src, r.peer, r.buf = src, peer, buf[lo:hi]
+		o.recvs = append(o.recvs, r)
+		o.c.t.post(r, key, nil)
+		if hi == len(buf) {
+			break
+		}
+	}
+	return o.recvs[start:]
+}
+
+// expectAny posts a receive for the first segment of buf from whichever
+// member sends first on this op's tag.
+func (o *op) expectAny(buf []byte) *recvReq {
+	r := o.c.t.reqs.recv()
+	r.want = o.hdr
+	r.want.length = uint32(min(len(buf), o.segment()))
+	r.src, r.peer, r.buf = anySource, AnySource, buf[:r.want.length]
+	o.recvs = append(o.recvs, r)
+	o.c.t.post(r, o.key(anySource), o.c.world)
+	return r
+}
+
+func (o *op) key(src int) boxKey {
+	return boxKey{comm: o.c.id, src: src, p2p: o.hdr.coll == collSend, tag: o.hdr.tag}
+}
+
+// send queues buf for peer in segments, each frame saying it belongs at
+// offset off (plus the segment's position) of the logical buffer.
+func (o *op) send(peer int, buf []byte, off int) error {
+	oc, err := o.c.t.outgoing(o.ctx, o.c.world[peer])
+	if err != nil {
+		if o.ctx.Err() != nil {
+			return o.timedOut("connecting to", []int{peer})
+		}
+		return &PeerError{Rank: peer, Op: o.label(), Err: err}
+	}
+	seg := o.segment()
+	for lo := 0; ; lo += seg {
+		hi := min(lo+seg, len(buf))
+		r := o.c.t.reqs.send()
+		h := o.hdr
+		h.offset = uint64(off + lo)
+		h.length = uint32(hi - lo)
+		h.encode(&r.hdr)
+		r.payload, r.peer = buf[lo:hi], peer
+		o.sends = append(o.sends, r)
+		oc.enqueue(r)
+		if hi == len(buf) {
+			break
+		}
+	}
+	return nil
+}
+
+// await blocks until r is filled, the context is done, or the
+// communicator fails.
+func (o *op) await(r *recvReq) error {
+	select {
+	case <-r.done:
+	default:
+		if o.hdr.coll != collSend {
+			o.c.waitingOn.Store(int32(r.peer))
+		}
+		select {
+		case <-r.done:
+		case <-o.ctx.Done():
+			return o.timedOut("waiting for", nil)
+		case <-o.c.failed:
+			return o.c.err
+		}
+		if o.hdr.coll != collSend {
+			o.c.waitingOn.Store(-1)
+		}
+	}
+	r.consumed = true
+	switch {
+	case r.cause != nil:
+		return &PeerError{Rank: o.c.commRank(r.src, r.peer), Op: o.label(), Err: r.cause}
+	case r.mismatch:
+		return o.mismatch(r)
+	}
+	return nil
+}
+
+func (o *op) awaitAll(rs []*recvReq) error {
+	for _, r := range rs {
+		if err := o.await(r); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// flush waits until every queued send has been written, so that the
+// buffers they read from may change.
+func (o *op) flush() error {
+	for _, s := range o.sends {
+		if s.consumed {
+			continue
+		}
+		select {
+		case <-s.done:
+		default:
+			select {
+			case <-s.done:
+			case <-o.ctx.Done():
+				return o.timedOut("sending to", nil)
+			case <-o.c.failed:
+				return o.c.err
+			}
+		}
+		s.consumed = true
+		if s.err != nil {
+			return &PeerError{Rank: s.peer, Op: o.label(), Err: s.err}
+		}
+	}
+	return nil
+}
+
+// scratch returns an n-byte buffer of the op's own, pooled.
+func (o *op) scratch(n int) []byte {
+	f := o.c.t.bufs.get(&header{length: uint32(n)})
+	o.held = append(o.held, f)
+	return f.data
+}
+
+// combine sets dst = a op b with this op's type and operator.
+func (o *op) combine(dst, a, b []byte) {
+	combine(dst, a, b, o.hdr.dtype, o.hdr.reduce)
+}
+
+// finish ends the op. On success it waits for the sends; on failure it
+// withdraws what is outstanding, marks the communicator failed and, when
+// the failure started here, tells every other rank so that none hangs.
+func (o *op) finish(err error) error {
+	if err == nil {
+		err = o.flush()
+	}
+	if err != nil {
+		o.withdraw()
+	}
+	o.release()
+	if err == nil {
+		return nil
+	}
+	if o.c.fail(err) {
+		o.c.log.Debug().Err(err).Msg("operation failed")
+		o.c.tellOthers(err, o.label())
+	}
+	return o.c.err
+}
+
+// withdraw cancels the receives and sends still outstanding and waits
+// until none can touch the caller's buffers; a frame stuck half-way is
+// cut off with its connection after cancelGrace.
+func (o *op) withdraw() {
+	t := o.c.t
+	for _, r := range o.recvs {
+		if r.consumed {
+			continue
+		}
+		switch t.cancel(r, o.key(r.src)) {
+		case reqFilling:
+			src := r.src
+			waitOrCut(r.done, func() { t.dropIncoming(src) })
+		case reqDone:
+			<-r.done
+		}
+		r.consumed = true
+	}
+	for _, s := range o.sends {
+		if s.consumed {
+			continue
+		}
+		s.canceled.Store(true)
+		dst := o.c.world[s.peer]
+		waitOrCut(s.done, func() {
+			t.lostOutgoing(dst, fmt.Errorf("collective: a send stalled for %v after its operation failed", cancelGrace))
+		})
+		s.consumed = true
+	}
+}
+
+func waitOrCut(done chan struct{}, cut func()) {
+	timer := time.NewTimer(cancelGrace)
+	defer timer.Stop()
+	select {
+	case <-done:
+		return
+	case <-timer.C:
+	}
+	cut()
+	<-done
+}
+
+// release recycles the op's requests and scratch buffers.
+func (o *op) release() {
+	t := o.c.t
+	for _, r := range o.recvs {
+		t.reqs.putRecv(r)
+	}
+	for _, s := range o.sends {
+		t.reqs.putSend(s)
+	}
+	for _, f := range o.held {
+		t.bufs.put(f)
+	}
+	clear(o.recvs)
+	clear(o.sends)
+	clear(o.held)
+	o.recvs, o.sends, o.held = o.recvs[:0], o.sends[:0], o.held[:0]
+	o.ctx = nil
+}
+
+// timedOut reports the ranks the op still waits for.
+func (o *op) timedOut(action string, ranks []int) error {
+	if ranks == nil {
+		ranks = o.pendingRanks()
+		if len(ranks) == 0 {
+			action = "sending to"
+			for _, s := range o.sends {
+				if !s.consumed && len(s.done) == 0 {
+					ranks = append(ranks, s.peer)
+				}
+			}
+		}
+		slices.Sort(ranks)
+		ranks = slices.Compact(ranks)
+	}
+	wt := &waitTimeout{ranks: ranks, action: action, cause: o.ctx.Err()}
+	// Blame the first rank that never came, else the first awaited.
+	hint, culprits := o.c.diagnose(o, ranks)
+	wt.hint = hint
+	rank := -1
+	switch {
+	case len(culprits) > 0:
+		rank = culprits[0]
+	case len(ranks) > 0:
+		rank = ranks[0]
+	}
+	return &PeerError{Rank: rank, Op: o.label(), Err: wt}
+}
+
+// pendingRanks lists the peers whose frames the op still waits for.
+func (o *op) pendingRanks() []int {
+	t := o.c.t
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	var ranks []int
+	for _, r := range o.recvs {
+		if !r.consumed && r.state != reqDone {
+			ranks = append(ranks, r.peer)
+		}
+	}
+	return ranks
+}
+
+// mismatch describes the frame r got instead of the one it wanted.
+func (o *op) mismatch(r *recvReq) error {
+	peer := o.c.commRank(r.from, r.peer)
+	e := &MismatchError{
+		Viewer: o.c.rank,
+		RankA:  o.c.rank, RankB: peer,
+		hdrA: r.want, hdrB: r.got,
+	}
+	want, got := r.want, r.got
+	want.offset, want.length, got.offset, got.length = 0, 0, 0, 0
+	switch prev := o.c.prev; {
+	case want == got:
+		e.detail = fmt.Sprintf("expected %d bytes at offset %d, rank %d sent %d bytes at offset %d",
+			r.want.length, r.want.offset, peer, r.got.length, r.got.offset)
+	case got.seq < want.seq && got.seq == prev.seq:
+		// The peer's frame outlived a call that completed here: a
+		// broadcast or scatter root only sends, so disagreeing roots
+		// surface in the next call.
+		e.detail = fmt.Sprintf("at seq %d rank %d called %v", prev.seq, o.c.rank, prev.call())
+	}
+	e.fill()
+	return e
+}

@@ -1,0 +1,573 @@
+package collective
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/rs/zerolog"
+
+	"github.com/gorun/gorun/rendezvous"
+)
+
+// The TCP transport. Each ordered pair of ranks has its own connection:
+// rank i dials j the first time it sends to j, announces itself with a
+// hello frame, and only writes; j only reads. So each direction is one
+// FIFO stream, and no two ranks ever race to dial each other. A writer
+// goroutine per outgoing connection sends queued frames with writev,
+// batching what is queued, so ops overlap sending with receiving and
+// reducing; a reader goroutine per incoming connection routes frames into
+// mailboxes (mailbox.go), reading payloads straight into posted buffers.
+// Every communicator split from the world shares these connections.
+
+const (
+	// addrKeyPrefix + rank is where a rank publishes "host:port".
+	addrKeyPrefix = "collective/addr/"
+
+	// helloTimeout bounds how long an accepted connection may take to say
+	// who it is; garbage and port scanners are dropped after it.
+	helloTimeout = 10 * time.Second
+	// readBufferSize buffers headers and small frames; payloads at least
+	// this large are read into their destination directly.
+	readBufferSize = 32 << 10
+	// socketBufferSize is asked of the kernel for both directions, so a
+	// pipelined segment or two fits in flight.
+	socketBufferSize = 4 << 20
+	// cancelGrace is how long a failing op waits for a frame being read
+	// into, or written from, the caller's buffer before cutting that
+	// connection so the buffer is free when the call returns.
+	cancelGrace = time.Second
+	// abortTimeout bounds telling the other ranks that an op failed.
+	abortTimeout = 5 * time.Second
+	// noteWait is how long a failing call waits for its abort notes to be
+	// written before it returns.
+	noteWait = time.Second
+)
+
+type transport struct {
+	rank, size int
+	store      rendezvous.Store
+	log        zerolog.Logger
+	cfg        config
+	ln         *net.TCPListener
+
+	mu       sync.Mutex
+	closed   bool
+	peers    []peer
+	boxes    map[boxKey]*mailbox
+	comms    map[uint64]*comm
+	orphans  map[uint64]*abortNote // aborts for communicators not split yet
+	retired  map[uint64]bool       // closed communicators
+	queries  map[uint64]chan statusReply
+	handshak map[*net.TCPConn]bool // accepted, hello not read yet
+
+	done    chan struct{}   // closed by close
+	life    context.Context // cancelled by close
+	endLife context.CancelFunc
+	wg      sync.WaitGroup
+	bufs    bufferPool
+	reqs    reqPool
+}
+
+// peer is the transport's view of one other rank. Fields other than dial
+// are guarded by the transport's mutex.
+type peer struct {
+	dial   sync.Mutex // serialises dialling it
+	out    *outConn
+	in     *net.TCPConn
+	inErr  error // why the incoming connection ended: nothing more will come
+	outErr error // why the outgoing one did: nothing more can be sent
+}
+
+func newTransport(ctx context.Context, store rendezvous.Store, rank, size int, host string, cfg config, log zerolog.Logger) (*transport, error) {
+	ln, err := net.Listen("tcp", net.JoinHostPort(host, "0"))
+	if err != nil {
+		return nil, fmt.Errorf("collective: listen on %s: %w", host, err)
+	}
+	t := &transport{
+		rank:     rank,
+		size:     size,
+		store:    store,
+		log:      log,
+		cfg:      cfg,
+		ln:       ln.(*net.TCPListener),
+		peers:    make([]peer, size),
+		boxes:    make(map[boxKey]*mailbox),
+		comms:    make(map[uint64]*comm),
+		orphans:  make(map[uint64]*abortNote),
+		retired:  make(map[uint64]bool),
+		queries:  make(map[uint64]chan statusReply),
+		handshak: make(map[*net.TCPConn]bool),
+		done:     make(chan struct{}),
+	}
+	t.life, t.endLife = context.WithCancel(context.Background())
+	addr := net.JoinHostPort(host, strconv.Itoa(t.ln.Addr().(*net.TCPAddr).Port))
+	t.wg.Add(1)
+	go t.accept()
+	if err := store.Set(ctx, addrKeyPrefix+strconv.Itoa(rank), []byte(addr)); err != nil {
+		t.close()
+		return nil, fmt.Errorf("collective: publish address: %w", err)
+	}
+	t.log.Debug().Str("addr", addr).Msg("listening")
+	return t, nil
+}
+
+// accept serves incoming connections until the listener is closed,
+// pausing 5 ms doubling to 1 s after errors other than that, as net/http
+// does.
+func (t *transport) accept() {
+	defer t.wg.Done()
+	var pause time.Duration
+	for {
+		c, err := t.ln.AcceptTCP()
+		if err != nil {
+			select {
+			case <-t.done:
+				return
+			default:
+			}
+			pause = min(max(2*pause, 5*time.Millisecond), time.Second)
+			t.log.Warn().Err(err).Dur("retry_in", pause).Msg("accept failed")
+			select {
+			case <-time.After(pause):
+			case <-t.done:
+				return
+			}
+			continue
+		}
+		pause = 0
+		t.mu.Lock()
+		if t.closed {
+			t.mu.Unlock()
+			c.Close()
+			return
+		}
+		t.handshak[c] = true
+		t.wg.Add(1)
+		t.mu.Unlock()
+		go t.serve(c)
+	}
+}
+
+// serve reads the hello of an accepted connection, then its frames until
+// it ends.
+func (t *transport) serve(c *net.TCPConn) {
+	defer t.wg.Done()
+	defer c.Close()
+	src, br, err := t.handshake(c)
+	t.mu.Lock()
+	delete(t.handshak, c)
+	if err == nil {
+		switch p := &t.peers[src]; {
+		case t.closed:
+			err = ErrClosed
+		case p.in != nil || p.inErr != nil:
+			err = fmt.Errorf("collective: second connection from rank %d", src)
+		default:
+			p.in = c
+		}
+	}
+	t.mu.Unlock()
+	if err != nil {
+		t.log.Warn().Err(err).Stringer("remote", c.RemoteAddr()).Msg("rejected connection")
+		return
+	}
+	err = t.readFrames(src, br)
+	t.lostIncoming(src, err)
+}
+
+func (t *transport) handshake(c *net.TCPConn) (int, *bufio.Reader, error) {
+	tune(c)
+	c.SetReadDeadline(time.Now().Add(helloTimeout))
+	br := bufio.NewReaderSize(c, readBufferSize)
+	var b [headerSize]byte
+	if _, err := io.ReadFull(br, b[:]); err != nil {
+		return 0, nil, fmt.Errorf("collective: read hello: %w", err)
+	}
+	var h header
+	if err := h.decode(b[:]); err != nil {
+		return 0, nil, err
+	}
+	src := int(h.root)
+	if h.kind != kindHello || src < 0 || src >= t.size || src == t.rank || h.count != uint64(t.size) {
+		return 0, nil, fmt.Errorf("collective: bad hello (kind %d, rank %d, world size %d)", h.kind, src, h.count)
+	}
+	c.SetReadDeadline(time.Time{})
+	return src, br, nil
+}
+
+// readFrames routes src's frames until its connection fails.
+func (t *transport) readFrames(src int, br *bufio.Reader) error {
+	var b [headerSize]byte
+	var h header
+	for {
+		if _, err := io.ReadFull(br, b[:]); err != nil {
+			return err
+		}
+		if err := h.decode(b[:]); err != nil {
+			return err
+		}
+		switch h.kind {
+		case kindData:
+			if err := t.deliver(src, &h, br); err != nil {
+				return err
+			}
+		case kindAbort, kindQuery, kindStatus:
+			payload := make([]byte, h.length)
+			if _, err := io.ReadFull(br, payload); err != nil {
+				return err
+			}
+			t.control(src, &h, payload)
+		default:
+			return fmt.Errorf("collective: unexpected frame kind %d", h.kind)
+		}
+	}
+}
+
+// deliver routes one data frame: into the receive posted for it, reading
+// the payload straight into the caller's buffer, or into a pooled buffer
+// until one is posted.
+func (t *transport) deliver(src int, h *header, br *bufio.Reader) error {
+	key := boxKey{comm: h.comm, src: src, p2p: h.coll == collSend, tag: h.tag}
+	t.mu.Lock()
+	if t.retired[h.comm] {
+		t.mu.Unlock()
+		_, err := br.Discard(int(h.length))
+		return err
+	}
+	if r := t.takePostedLocked(key, h); r != nil {
+		r.from = src
+		if *h != r.want {
+			r.got = *h
+			r.mismatch = true
+			r.complete()
+			t.mu.Unlock()
+			_, err := br.Discard(int(h.length))
+			return err
+		}
+		r.state = reqFilling
+		t.mu.Unlock()
+		_, err := io.ReadFull(br, r.buf)
+		t.mu.Lock()
+		if err != nil {
+			r.cause = fmt.Errorf("connection lost in the middle of a frame: %w", err)
+		}
+		r.complete()
+		t.mu.Unlock()
+		return err
+	}
+	t.mu.Unlock()
+
+	f := t.bufs.get(h)
+	if _, err := io.ReadFull(br, f.data); err != nil {
+		t.bufs.put(f)
+		return err
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	// A receive may have been posted while we read.
+	if r := t.takePostedLocked(key, h); r != nil {
+		t.fillLocked(r, f, src)
+		return nil
+	}
+	b := t.boxLocked(key)
+	b.frames = append(b.frames, f)
+	return nil
+}
+
+// lostIncoming records that src's connection to us ended: receives from
+// src that nothing can fill any more fail now, and so will later ones.
+func (t *transport) lostIncoming(src int, err error) {
+	t.mu.Lock()
+	closing := t.closed
+	p := &t.peers[src]
+	p.in = nil
+	switch {
+	case errors.Is(err, io.EOF):
+		err = errors.New("connection closed (the process exited or closed its communicator)")
+	case errors.Is(err, io.ErrUnexpectedEOF):
+		err = errors.New("connection closed in the middle of a frame (the process died)")
+	}
+	if p.inErr == nil {
+		p.inErr = err
+	}
+	t.failPostedLocked(src, p.inErr)
+	t.mu.Unlock()
+	if !closing {
+		t.log.Debug().Int("peer", src).Err(err).Msg("incoming connection ended")
+	}
+}
+
+// dropIncoming cuts src's connection to us, used when a frame is stuck
+// half-read into a buffer whose op gave up.
+func (t *transport) dropIncoming(src int) {
+	t.mu.Lock()
+	c := t.peers[src].in
+	t.mu.Unlock()
+	if c != nil {
+		c.Close()
+	}
+}
+
+// outgoing returns the connection to dst, dialling it on first use.
+func (t *transport) outgoing(ctx context.Context, dst int) (*outConn, error) {
+	p := &t.peers[dst]
+	if o, err := t.outState(p); o != nil || err != nil {
+		return o, err
+	}
+	p.dial.Lock()
+	defer p.dial.Unlock()
+	if o, err := t.outState(p); o != nil || err != nil {
+		return o, err
+	}
+	c, err := t.dial(ctx, dst)
+	if err != nil {
+		if ctx.Err() == nil {
+			t.mu.Lock()
+			if p.outErr == nil {
+				p.outErr = err
+			}
+			t.mu.Unlock()
+		}
+		return nil, err
+	}
+	o := &outConn{t: t, peer: dst, conn: c}
+	o.cond.L = &o.mu
+	t.mu.Lock()
+	if t.closed {
+		t.mu.Unlock()
+		c.Close()
+		return nil, ErrClosed
+	}
+	p.out = o
+	t.wg.Add(2)
+	t.mu.Unlock()
+	go o.write()
+	go o.watch()
+	return o, nil
+}
+
+func (t *transport) outState(p *peer) (*outConn, error) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	switch {
+	case t.closed:
+		return nil, ErrClosed
+	case p.outErr != nil:
+		return nil, p.outErr
+	}
+	return p.out, nil
+}
+
+// dial looks dst's address up in the store, connects and says hello.
+func (t *transport) dial(ctx context.Context, dst int) (*net.TCPConn, error) {
+	addr, err := t.store.Get(ctx, addrKeyPrefix+strconv.Itoa(dst))
+	if err != nil {
+		return nil, fmt.Errorf("look up address: %w", err)
+	}
+	var d net.Dialer
+	nc, err := d.DialContext(ctx, "tcp", string(addr))
+	if err != nil {
+		return nil, err
+	}
+	c := nc.(*net.TCPConn)
+	tune(c)
+	var b [headerSize]byte
+	hello := header{kind: kindHello, root: int32(t.rank), count: uint64(t.size)}
+	hello.encode(&b)
+	if _, err := c.Write(b[:]); err != nil {
+		c.Close()
+		return nil, err
+	}
+	t.log.Debug().Int("peer", dst).Str("addr", string(addr)).Msg("connected")
+	return c, nil
+}
+
+// lostOutgoing records that our connection to dst ended: queued and later
+// sends to dst fail.
+func (t *transport) lostOutgoing(dst int, err error) {
+	t.mu.Lock()
+	closing := t.closed
+	p := &t.peers[dst]
+	if errors.Is(err, io.EOF) {
+		err = errors.New("connection closed by the peer")
+	} else {
+		err = fmt.Errorf("connection lost: %w", err)
+	}
+	if p.outErr == nil {
+		p.outErr = err
+	}
+	o := p.out
+	t.mu.Unlock()
+	if o != nil {
+		o.fail(err)
+	}
+	if !closing {
+		t.log.Debug().Int("peer", dst).Err(err).Msg("outgoing connection ended")
+	}
+}
+
+// peerGone reports why dst can no longer take part, or nil.
+func (t *transport) peerGone(dst int) error {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	p := &t.peers[dst]
+	if p.inErr != nil {
+		return p.inErr
+	}
+	return p.outErr
+}
+
+// close shuts the listener and every connection and waits for the
+// transport's goroutines. Idempotent.
+func (t *transport) close() {
+	t.mu.Lock()
+	if t.closed {
+		t.mu.Unlock()
+		t.wg.Wait()
+		return
+	}
+	t.closed = true
+	close(t.done)
+	t.endLife()
+	var conns []*net.TCPConn
+	var outs []*outConn
+	for i := range t.peers {
+		if p := &t.peers[i]; p.in != nil {
+			conns = append(conns, p.in)
+		}
+		if o := t.peers[i].out; o != nil {
+			outs = append(outs, o)
+		}
+	}
+	for c := range t.handshak {
+		conns = append(conns, c)
+	}
+	comms := make([]*comm, 0, len(t.comms))
+	for _, c := range t.comms {
+		comms = append(comms, c)
+	}
+	t.mu.Unlock()
+
+	t.ln.Close()
+	for _, c := range conns {
+		c.Close()
+	}
+	for _, o := range outs {
+		o.fail(ErrClosed)
+	}
+	for _, c := range comms {
+		c.fail(ErrClosed)
+	}
+	t.wg.Wait()
+}
+
+// tune sets what every connection wants: no Nagle delay (Go's default,
+// restated), and kernel buffers that hold a pipelined segment or two.
+func tune(c *net.TCPConn) {
+	c.SetNoDelay(true)
+	c.SetReadBuffer(socketBufferSize)
+	c.SetWriteBuffer(socketBufferSize)
+}
+
+// outConn is our connection to one peer, written by one goroutine.
+type outConn struct {
+	t    *transport
+	peer int // world rank
+	conn *net.TCPConn
+
+	mu    sync.Mutex
+	cond  sync.Cond // signalled when queue grows or err is set
+	queue []*sendReq
+	err   error // set once; queued and later sends fail with it
+}
+
+// enqueue queues r; r finishes when its frame is written or cannot be.
+func (o *outConn) enqueue(r *sendReq) {
+	o.mu.Lock()
+	if err := o.err; err != nil {
+		o.mu.Unlock()
+		r.finish(err)
+		return
+	}
+	o.queue = append(o.queue, r)
+	o.mu.Unlock()
+	o.cond.Signal()
+}
+
+// write sends whatever is queued, all of it in one writev, until fail.
+func (o *outConn) write() {
+	defer o.t.wg.Done()
+	var batch []*sendReq
+	var iov [][]byte
+	for {
+		o.mu.Lock()
+		for len(o.queue) == 0 && o.err == nil {
+			o.cond.Wait()
+		}
+		if err := o.err; err != nil {
+			rest := o.queue
+			o.queue = nil
+			o.mu.Unlock()
+			for _, r := range rest {
+				r.finish(err)
+			}
+			return
+		}
+		batch = append(batch[:0], o.queue...)
+		clear(o.queue)
+		o.queue = o.queue[:0]
+		o.mu.Unlock()
+
+		iov = iov[:0]
+		for _, r := range batch {
+			if r.canceled.Load() {
+				continue
+			}
+			iov = append(iov, r.hdr[:])
+			if len(r.payload) > 0 {
+				iov = append(iov, r.payload)
+			}
+		}
+		bufs := net.Buffers(iov)
+		_, err := bufs.WriteTo(o.conn)
+		clear(iov) // drop references to callers' buffers
+		for _, r := range batch {
+			r.finish(err)
+		}
+		clear(batch)
+		if err != nil {
+			o.t.lostOutgoing(o.peer, err)
+		}
+	}
+}
+
+// watch waits for the peer to end the connection. The peer never writes
+// on it, so a read returns only when it closed or died (EOF, reset), and
+// sends fail then instead of filling the socket buffer first.
+func (o *outConn) watch() {
+	defer o.t.wg.Done()
+	var b [1]byte
+	_, err := o.conn.Read(b[:])
+	if err == nil {
+		err = errors.New("collective: peer wrote on a send-only connection")
+	}
+	o.t.lostOutgoing(o.peer, err)
+}
+
+// fail stops the connection: queued and later sends finish with err.
+func (o *outConn) fail(err error) {
+	o.mu.Lock()
+	if o.err == nil {
+		o.err = err
+	}
+	o.mu.Unlock()
+	o.cond.Broadcast()
+	o.conn.Close()
+}

@@ -1,0 +1,347 @@
+// Command allreduce-perf measures gorun's collectives the way nccl-tests'
+// all_reduce_perf measures NCCL's, with the same flags, columns and bus
+// bandwidth formulas, so the figures compare directly:
+//
+//	gorun --nproc-per-node 4 bin/allreduce-perf -b 8 -e 64M -f 2 -o allreduce -d float32
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"math"
+	"os"
+	"strconv"
+	"strings"
+	"time"
+
+	dist "github.com/gorun/gorun/runtime"
+)
+
+// collective is one benchmarked operation: how its buffers are laid out,
+// how its bus bandwidth is derived, and what every rank must hold after it.
+type collective struct {
+	name string
+	// busFactor turns algorithm bandwidth into bus bandwidth (nccl-tests'
+	// formulas, n ranks).
+	busFactor func(n float64) float64
+	// run runs it once on buffers prepared by setup.
+	run func(ctx context.Context, pg *dist.ProcessGroup, b *buffers) error
+	// inCount and outCount are the element counts per rank, for a total
+	// of count elements (the size column).
+	inCount, outCount func(count, n int) int
+	// input is the value of input element i on rank r; want is the value of
+	// output element i on rank r after the operation.
+	input, want func(r, n, i, count int) float64
+}
+
+// buffers are one rank's input and output.
+type buffers struct{ in, out dist.Tensor }
+
+// pattern keeps every value a small integer, exact in every dtype after a
+// sum over up to 8 ranks, so a check can compare for equality.
+func pattern(r, i int) float64 { return float64((r+i)%7 + 1) }
+
+var collectives = map[string]collective{
+	"allreduce": {
+		name:      "sum",
+		busFactor: func(n float64) float64 { return 2 * (n - 1) / n },
+		run: func(ctx context.Context, pg *dist.ProcessGroup, b *buffers) error {
+			return pg.AllReduce(ctx, b.in, dist.Sum)
+		},
+		inCount:  func(count, n int) int { return count },
+		outCount: func(count, n int) int { return 0 },
+		input:    func(r, n, i, count int) float64 { return pattern(r, i) },
+		want: func(r, n, i, count int) float64 {
+			sum := 0.0
+			for s := 0; s < n; s++ {
+				sum += pattern(s, i)
+			}
+			return sum
+		},
+	},
+	"broadcast": {
+		name:      "none",
+		busFactor: func(n float64) float64 { return 1 },
+		run: func(ctx context.Context, pg *dist.ProcessGroup, b *buffers) error {
+			return pg.Broadcast(ctx, b.in, 0)
+		},
+		inCount:  func(count, n int) int { return count },
+		outCount: func(count, n int) int { return 0 },
+		input:    func(r, n, i, count int) float64 { return pattern(r, i) },
+		want:     func(r, n, i, count int) float64 { return pattern(0, i) },
+	},
+	"allgather": {
+		name:      "none",
+		busFactor: func(n float64) float64 { return (n - 1) / n },
+		run: func(ctx context.Context, pg *dist.ProcessGroup, b *buffers) error {
+			return pg.AllGatherInto(ctx, b.out, b.in)
+		},
+		inCount:  func(count, n int) int { return count / n },
+		outCount: func(count, n int) int { return count / n * n },
+		input:    func(r, n, i, count int) float64 { return pattern(r, i) },
+		want: func(r, n, i, count int) float64 {
+			per := count / n
+			return pattern(i/per, i%per)
+		},
+	},
+	"reduce_scatter": {
+		name:      "sum",
+		busFactor: func(n float64) float64 { return (n - 1) / n },
+		run: func(ctx context.Context, pg *dist.ProcessGroup, b *buffers) error {
+			return pg.ReduceScatterFrom(ctx, b.out, b.in, dist.Sum)
+		},
+		inCount:  func(count, n int) int { return count / n * n },
+		outCount: func(count, n int) int { return count / n },
+		input:    func(r, n, i, count int) float64 { return pattern(r, i) },
+		want: func(r, n, i, count int) float64 {
+			sum := 0.0
+			for s := 0; s < n; s++ {
+				sum += pattern(s, r*(count/n)+i)
+			}
+			return sum
+		},
+	},
+	"alltoall": {
+		name:      "none",
+		busFactor: func(n float64) float64 { return (n - 1) / n },
+		run: func(ctx context.Context, pg *dist.ProcessGroup, b *buffers) error {
+			return pg.AllToAllSingle(ctx, b.out, b.in, nil, nil)
+		},
+		inCount:  func(count, n int) int { return count / n * n },
+		outCount: func(count, n int) int { return count / n * n },
+		// Element j of the block for rank d, sent by rank r.
+		input: func(r, n, i, count int) float64 { return pattern(r+i/(count/n), i) },
+		want: func(r, n, i, count int) float64 {
+			per := count / n
+			s := i / per // the sender
+			return pattern(s+r, r*per+i%per)
+		},
+	},
+}
+
+func main() {
+	if err := run(); err != nil {
+		fmt.Fprintln(os.Stderr, "allreduce-perf:", err)
+		os.Exit(1)
+	}
+}
+
+func run() error {
+	minBytes := flag.String("b", "8", "minimum size in bytes (K, M, G suffixes)")
+	maxBytes := flag.String("e", "64M", "maximum size in bytes")
+	factor := flag.Int("f", 2, "multiplication factor between sizes")
+	opName := flag.String("o", "allreduce", "collective: allreduce, broadcast, allgather, reduce_scatter, alltoall")
+	dtypeName := flag.String("d", "float32", "data type: int8, uint8, int32, int64, float16, bfloat16, float32, float64")
+	warmup := flag.Int("w", 5, "warmup iterations")
+	iters := flag.Int("n", 20, "timed iterations")
+	check := flag.Int("c", 1, "check results (1) or not (0)")
+	flag.Parse()
+
+	op, ok := collectives[*opName]
+	if !ok {
+		return fmt.Errorf("-o %q: unknown collective", *opName)
+	}
+	dt, ok := dtypes[*dtypeName]
+	if !ok {
+		return fmt.Errorf("-d %q: unknown data type", *dtypeName)
+	}
+	lo, err := parseSize(*minBytes)
+	if err != nil {
+		return err
+	}
+	hi, err := parseSize(*maxBytes)
+	if err != nil {
+		return err
+	}
+	if *factor < 2 || lo < 1 || hi < lo {
+		return fmt.Errorf("want 0 < -b <= -e and -f >= 2")
+	}
+
+	ctx := context.Background()
+	pg, err := dist.Init(ctx)
+	if err != nil {
+		return err
+	}
+	defer pg.Close()
+	r, n := pg.Rank(), pg.Size()
+	if r == 0 {
+		fmt.Printf("# gorun %s: world %d, minBytes %d maxBytes %d step: %d(factor) warmup iters: %d iters: %d validation: %d\n",
+			*opName, n, lo, hi, *factor, *warmup, *iters, *check)
+		fmt.Println("#")
+		fmt.Printf("# %10s  %12s  %8s  %6s  %6s  %8s  %6s  %6s  %6s\n", "size", "count", "type", "redop", "root", "time", "algbw", "busbw", "#wrong")
+		fmt.Printf("# %10s  %12s  %8s  %6s  %6s  %8s  %6s  %6s  %6s\n", "(B)", "(elements)", "", "", "", "(us)", "(GB/s)", "(GB/s)", "")
+	}
+
+	var wrongTotal int
+	var busSum float64
+	var rows int
+	for size := lo; size <= hi; size *= *factor {
+		count := max(size/dt.Size(), n)
+		count -= count % n
+		b := buffers{in: newTensor(dt, op.inCount(count, n)), out: newTensor(dt, op.outCount(count, n))}
+		for i := 0; i < *warmup; i++ {
+			if err := op.run(ctx, pg, &b); err != nil {
+				return err
+			}
+		}
+		if err := pg.Barrier(ctx); err != nil {
+			return err
+		}
+		start := time.Now()
+		for i := 0; i < *iters; i++ {
+			if err := op.run(ctx, pg, &b); err != nil {
+				return err
+			}
+		}
+		elapsed := time.Since(start).Seconds() / float64(*iters)
+		// The slowest rank sets the pace, as nccl-tests reports it.
+		slowest := []float64{elapsed}
+		if err := pg.AllReduce(ctx, dist.Of(slowest), dist.Max); err != nil {
+			return err
+		}
+
+		wrong := 0
+		if *check != 0 {
+			if wrong, err = verify(ctx, pg, op, &b, count); err != nil {
+				return err
+			}
+		}
+		bytes := float64(count * dt.Size())
+		algbw := bytes / slowest[0] / 1e9
+		busbw := algbw * op.busFactor(float64(n))
+		wrongTotal += wrong
+		busSum += busbw
+		rows++
+		if r == 0 {
+			fmt.Printf("  %10d  %12d  %8s  %6s  %6d  %8.1f  %6.2f  %6.2f  %6d\n",
+				count*dt.Size(), count, *dtypeName, op.name, -1, slowest[0]*1e6, algbw, busbw, wrong)
+		}
+	}
+	if r == 0 {
+		fmt.Printf("# Out of bounds values : %d %s\n", wrongTotal, map[bool]string{true: "OK", false: "FAILED"}[wrongTotal == 0])
+		fmt.Printf("# Avg bus bandwidth    : %.4g\n#\n", busSum/float64(rows))
+	}
+	if wrongTotal != 0 {
+		return fmt.Errorf("%d wrong values", wrongTotal)
+	}
+	return nil
+}
+
+// verify runs op once on freshly initialised buffers and counts, over all
+// ranks, the output elements that differ from the expected values.
+func verify(ctx context.Context, pg *dist.ProcessGroup, op collective, b *buffers, count int) (int, error) {
+	r, n := pg.Rank(), pg.Size()
+	for i := 0; i < b.in.Len(); i++ {
+		set(b.in, i, op.input(r, n, i, count))
+	}
+	if err := op.run(ctx, pg, b); err != nil {
+		return 0, err
+	}
+	result := b.out
+	if result.Len() == 0 {
+		result = b.in
+	}
+	var wrong int64
+	for i := 0; i < result.Len(); i++ {
+		if get(result, i) != op.want(r, n, i, count) {
+			wrong++
+		}
+	}
+	total := []int64{wrong}
+	err := pg.AllReduce(ctx, dist.Of(total), dist.Sum)
+	return int(total[0]), err
+}
+
+var dtypes = map[string]dist.DType{
+	"int8": dist.Int8, "uint8": dist.Uint8, "int32": dist.Int32, "int64": dist.Int64,
+	"float16": dist.Float16, "bfloat16": dist.BFloat16, "float32": dist.Float32, "float64": dist.Float64,
+	"float": dist.Float32, "double": dist.Float64, "half": dist.Float16,
+}
+
+func newTensor(dt dist.DType, n int) dist.Tensor {
+	switch dt {
+	case dist.Int8:
+		return dist.Of(make([]int8, n))
+	case dist.Uint8:
+		return dist.Of(make([]uint8, n))
+	case dist.Int32:
+		return dist.Of(make([]int32, n))
+	case dist.Int64:
+		return dist.Of(make([]int64, n))
+	case dist.Float16:
+		return dist.Float16s(make([]uint16, n))
+	case dist.BFloat16:
+		return dist.BFloat16s(make([]uint16, n))
+	case dist.Float64:
+		return dist.Of(make([]float64, n))
+	}
+	return dist.Of(make([]float32, n))
+}
+
+func set(t dist.Tensor, i int, v float64) {
+	switch t.DType() {
+	case dist.Int8:
+		dist.Elems[int8](t)[i] = int8(v)
+	case dist.Uint8:
+		dist.Elems[uint8](t)[i] = uint8(v)
+	case dist.Int32:
+		dist.Elems[int32](t)[i] = int32(v)
+	case dist.Int64:
+		dist.Elems[int64](t)[i] = int64(v)
+	case dist.Float16:
+		t.HalfBits()[i] = dist.ToFloat16(float32(v))
+	case dist.BFloat16:
+		t.HalfBits()[i] = dist.ToBFloat16(float32(v))
+	case dist.Float32:
+		dist.Elems[float32](t)[i] = float32(v)
+	case dist.Float64:
+		dist.Elems[float64](t)[i] = v
+	}
+}
+
+func get(t dist.Tensor, i int) float64 {
+	switch t.DType() {
+	case dist.Int8:
+		return float64(dist.Elems[int8](t)[i])
+	case dist.Uint8:
+		return float64(dist.Elems[uint8](t)[i])
+	case dist.Int32:
+		return float64(dist.Elems[int32](t)[i])
+	case dist.Int64:
+		return float64(dist.Elems[int64](t)[i])
+	case dist.Float16:
+		return float64(dist.FromFloat16(t.HalfBits()[i]))
+	case dist.BFloat16:
+		return float64(dist.FromBFloat16(t.HalfBits()[i]))
+	case dist.Float32:
+		return float64(dist.Elems[float32](t)[i])
+	case dist.Float64:
+		return dist.Elems[float64](t)[i]
+	}
+	return math.NaN()
+}
+
+// parseSize reads a byte count with an optional K, M or G suffix.
+func parseSize(s string) (int, error) {
+	if s == "" {
+		return 0, fmt.Errorf("empty size")
+	}
+	mult := 1
+	switch strings.ToUpper(s[len(s)-1:]) {
+	case "K":
+		mult = 1 << 10
+	case "M":
+		mult = 1 << 20
+	case "G":
+		mult = 1 << 30
+	}
+	if mult > 1 {
+		s = s[:len(s)-1]
+	}
+	n, err := strconv.Atoi(s)
+	if err != nil || n < 0 {
+		return 0, fmt.Errorf("size %q: want bytes with an optional K, M or G suffix", s)
+	}
+	return n * mult, nil
+}

@@ -1,0 +1,433 @@
+package runtime
+
+import (
+	"context"
+	"slices"
+)
+
+// Each collective comes in two forms sharing one implementation, the
+// unexported method that checks the arguments and queues the operation:
+// the blocking form waits for it, and ctx cancels it; the asynchronous
+// form returns its Work at once, and the tensors must be left alone until
+// the Work completes.
+
+// Broadcast copies root's t into every rank's t.
+func (pg *ProcessGroup) Broadcast(ctx context.Context, t Tensor, root int) error {
+	return pg.broadcast(ctx, t, root).Wait(ctx)
+}
+
+// BroadcastAsync is the asynchronous form of Broadcast.
+func (pg *ProcessGroup) BroadcastAsync(t Tensor, root int) *Work {
+	return pg.broadcast(context.Background(), t, root)
+}
+
+func (pg *ProcessGroup) broadcast(ctx context.Context, t Tensor, root int) *Work {
+	return pg.collective(ctx, "broadcast",
+		func() error { return pg.checkRank("root", root) },
+		func(ctx context.Context) error { return pg.comm.Broadcast(ctx, t.data, t.dtype, root) })
+}
+
+// AllReduce reduces t across the group with op, leaving the result,
+// bitwise identical, in every rank's t.
+func (pg *ProcessGroup) AllReduce(ctx context.Context, t Tensor, op ReduceOp) error {
+	return pg.allReduce(ctx, t, op).Wait(ctx)
+}
+
+// AllReduceAsync is the asynchronous form of AllReduce.
+func (pg *ProcessGroup) AllReduceAsync(t Tensor, op ReduceOp) *Work {
+	return pg.allReduce(context.Background(), t, op)
+}
+
+func (pg *ProcessGroup) allReduce(ctx context.Context, t Tensor, op ReduceOp) *Work {
+	return pg.collective(ctx, "all_reduce",
+		func() error { return checkReduce(t.dtype, op) },
+		func(ctx context.Context) error { return pg.comm.AllReduce(ctx, t.data, t.dtype, op) })
+}
+
+// Reduce reduces t across the group with op into root's t; the other
+// ranks' t are left unspecified.
+func (pg *ProcessGroup) Reduce(ctx context.Context, t Tensor, root int, op ReduceOp) error {
+	return pg.reduce(ctx, t, root, op).Wait(ctx)
+}
+
+// ReduceAsync is the asynchronous form of Reduce.
+func (pg *ProcessGroup) ReduceAsync(t Tensor, root int, op ReduceOp) *Work {
+	return pg.reduce(context.Background(), t, root, op)
+}
+
+func (pg *ProcessGroup) reduce(ctx context.Context, t Tensor, root int, op ReduceOp) *Work {
+	return pg.collective(ctx, "reduce",
+		func() error { return firstError(pg.checkRank("root", root), checkReduce(t.dtype, op)) },
+		func(ctx context.Context) error { return pg.comm.Reduce(ctx, t.data, t.dtype, op, root) })
+}
+
+// AllGather copies every rank's in into out[rank] on every rank; out
+// holds one tensor per rank, each of in's dtype and length.
+func (pg *ProcessGroup) AllGather(ctx context.Context, out []Tensor, in Tensor) error {
+	return pg.allGather(ctx, out, in).Wait(ctx)
+}
+
+// AllGatherAsync is the asynchronous form of AllGather.
+func (pg *ProcessGroup) AllGatherAsync(out []Tensor, in Tensor) *Work {
+	return pg.allGather(context.Background(), out, in)
+}
+
+func (pg *ProcessGroup) allGather(ctx context.Context, out []Tensor, in Tensor) *Work {
+	out = slices.Clone(out)
+	return pg.collective(ctx, "all_gather",
+		func() error { return pg.checkList("out", out, in.dtype, in.Len()) },
+		func(ctx context.Context) error {
+			gathered := make([]byte, len(out)*len(in.data))
+			if err := pg.comm.AllGather(ctx, gathered, in.data, in.dtype); err != nil {
+				return err
+			}
+			unpack(out, gathered)
+			return nil
+		})
+}
+
+// AllGatherInto is AllGather into one tensor: rank i's in lands in
+// elements [i*n, (i+1)*n) of out, n being in's length (torch's
+// all_gather_into_tensor). It copies nothing on the way.
+func (pg *ProcessGroup) AllGatherInto(ctx context.Context, out, in Tensor) error {
+	return pg.allGatherInto(ctx, out, in).Wait(ctx)
+}
+
+// AllGatherIntoAsync is the asynchronous form of AllGatherInto.
+func (pg *ProcessGroup) AllGatherIntoAsync(out, in Tensor) *Work {
+	return pg.allGatherInto(context.Background(), out, in)
+}
+
+func (pg *ProcessGroup) allGatherInto(ctx context.Context, out, in Tensor) *Work {
+	return pg.collective(ctx, "all_gather_into_tensor",
+		func() error {
+			return firstError(checkDType("out", out, in.dtype), checkLen("out", out, pg.Size()*in.Len()))
+		},
+		func(ctx context.Context) error { return pg.comm.AllGather(ctx, out.data, in.data, in.dtype) })
+}
+
+// Gather copies every rank's in into root's out[rank]. On root, out holds
+// one tensor per rank, each of in's dtype and length; the other ranks'
+// out is ignored and may be nil.
+func (pg *ProcessGroup) Gather(ctx context.Context, out []Tensor, in Tensor, root int) error {
+	return pg.gather(ctx, out, in, root).Wait(ctx)
+}
+
+// GatherAsync is the asynchronous form of Gather.
+func (pg *ProcessGroup) GatherAsync(out []Tensor, in Tensor, root int) *Work {
+	return pg.gather(context.Background(), out, in, root)
+}
+
+func (pg *ProcessGroup) gather(ctx context.Context, out []Tensor, in Tensor, root int) *Work {
+	out = slices.Clone(out)
+	return pg.collective(ctx, "gather",
+		func() error {
+			if err := pg.checkRank("root", root); err != nil || pg.rank != root {
+				return err // only root's out matters
+			}
+			return pg.checkList("out", out, in.dtype, in.Len())
+		},
+		func(ctx context.Context) error {
+			var gathered []byte
+			if pg.rank == root {
+				gathered = make([]byte, len(out)*len(in.data))
+			}
+			if err := pg.comm.Gather(ctx, gathered, in.data, in.dtype, root); err != nil {
+				return err
+			}
+			unpack(out, gathered)
+			return nil
+		})
+}
+
+// Scatter copies root's in[rank] into every rank's out. On root, in holds
+// one tensor per rank, each of out's dtype and length; the other ranks' in
+// is ignored and may be nil.
+func (pg *ProcessGroup) Scatter(ctx context.Context, out Tensor, in []Tensor, root int) error {
+	return pg.scatter(ctx, out, in, root).Wait(ctx)
+}
+
+// ScatterAsync is the asynchronous form of Scatter.
+func (pg *ProcessGroup) ScatterAsync(out Tensor, in []Tensor, root int) *Work {
+	return pg.scatter(context.Background(), out, in, root)
+}
+
+func (pg *ProcessGroup) scatter(ctx context.Context, out Tensor, in []Tensor, root int) *Work {
+	in = slices.Clone(in)
+	return pg.collective(ctx, "scatter",
+		func() error {
+			if err := pg.checkRank("root", root); err != nil || pg.rank != root {
+				return err // only root's in matters
+			}
+			return pg.checkList("in", in, out.dtype, out.Len())
+		},
+		func(ctx context.Context) error {
+			var scattered []byte
+			if pg.rank == root {
+				scattered = pack(in)
+			}
+			return pg.comm.Scatter(ctx, out.data, scattered, out.dtype, root)
+		})
+}
+
+// ReduceScatter reduces the lists in across the group with op and leaves
+// the reduction of every rank's in[i] in rank i's out. in holds one tensor
+// per rank, of out's dtype; their lengths may differ, but every rank must
+// pass the same lengths, and in[rank] must be as long as out.
+func (pg *ProcessGroup) ReduceScatter(ctx context.Context, out Tensor, in []Tensor, op ReduceOp) error {
+	return pg.reduceScatter(ctx, out, in, op).Wait(ctx)
+}
+
+// ReduceScatterAsync is the asynchronous form of ReduceScatter.
+func (pg *ProcessGroup) ReduceScatterAsync(out Tensor, in []Tensor, op ReduceOp) *Work {
+	return pg.reduceScatter(context.Background(), out, in, op)
+}
+
+func (pg *ProcessGroup) reduceScatter(ctx context.Context, out Tensor, in []Tensor, op ReduceOp) *Work {
+	in = slices.Clone(in)
+	return pg.collective(ctx, "reduce_scatter",
+		func() error {
+			if err := firstError(checkReduce(out.dtype, op), pg.checkList("in", in, out.dtype, -1)); err != nil {
+				return err
+			}
+			return checkLen("out", out, in[pg.rank].Len())
+		},
+		func(ctx context.Context) error {
+			return pg.comm.ReduceScatter(ctx, out.data, pack(in), out.dtype, op, lengths(in))
+		})
+}
+
+// ReduceScatterFrom is ReduceScatter from one tensor: in holds every
+// rank's piece in rank order, each as long as out (torch's
+// reduce_scatter_tensor).
+func (pg *ProcessGroup) ReduceScatterFrom(ctx context.Context, out, in Tensor, op ReduceOp) error {
+	return pg.reduceScatterFrom(ctx, out, in, op).Wait(ctx)
+}
+
+// ReduceScatterFromAsync is the asynchronous form of ReduceScatterFrom.
+func (pg *ProcessGroup) ReduceScatterFromAsync(out, in Tensor, op ReduceOp) *Work {
+	return pg.reduceScatterFrom(context.Background(), out, in, op)
+}
+
+func (pg *ProcessGroup) reduceScatterFrom(ctx context.Context, out, in Tensor, op ReduceOp) *Work {
+	return pg.collective(ctx, "reduce_scatter_tensor",
+		func() error {
+			return firstError(checkReduce(out.dtype, op), checkDType("in", in, out.dtype), checkLen("in", in, pg.Size()*out.Len()))
+		},
+		func(ctx context.Context) error {
+			return pg.comm.ReduceScatter(ctx, out.data, in.data, out.dtype, op, repeat(out.Len(), pg.Size()))
+		})
+}
+
+// AllToAll sends in[i] to rank i and receives rank i's tensor for us into
+// out[i]. Both lists hold one tensor per rank, all of one dtype; lengths
+// may differ, as long as out[i] is as long as what rank i sends.
+func (pg *ProcessGroup) AllToAll(ctx context.Context, out, in []Tensor) error {
+	return pg.allToAll(ctx, out, in).Wait(ctx)
+}
+
+// AllToAllAsync is the asynchronous form of AllToAll.
+func (pg *ProcessGroup) AllToAllAsync(out, in []Tensor) *Work {
+	return pg.allToAll(context.Background(), out, in)
+}
+
+func (pg *ProcessGroup) allToAll(ctx context.Context, out, in []Tensor) *Work {
+	out, in = slices.Clone(out), slices.Clone(in)
+	return pg.collective(ctx, "all_to_all",
+		func() error {
+			if err := pg.checkList("in", in, dtypeOfFirst(in), -1); err != nil {
+				return err
+			}
+			return pg.checkList("out", out, in[0].dtype, -1)
+		},
+		func(ctx context.Context) error {
+			received := make([]byte, totalBytes(out))
+			if err := pg.comm.AllToAll(ctx, received, pack(in), in[0].dtype, lengths(in), lengths(out)); err != nil {
+				return err
+			}
+			unpack(out, received)
+			return nil
+		})
+}
+
+// AllToAllSingle is AllToAll between single tensors: in is cut into
+// pieces of inSplits[i] elements, the i-th going to rank i, and the piece
+// from rank i lands in out's i-th piece of outSplits[i] elements. A nil
+// split list cuts its tensor into equal pieces.
+func (pg *ProcessGroup) AllToAllSingle(ctx context.Context, out, in Tensor, outSplits, inSplits []int) error {
+	return pg.allToAllSingle(ctx, out, in, outSplits, inSplits).Wait(ctx)
+}
+
+// AllToAllSingleAsync is the asynchronous form of AllToAllSingle.
+func (pg *ProcessGroup) AllToAllSingleAsync(out, in Tensor, outSplits, inSplits []int) *Work {
+	return pg.allToAllSingle(context.Background(), out, in, outSplits, inSplits)
+}
+
+func (pg *ProcessGroup) allToAllSingle(ctx context.Context, out, in Tensor, outSplits, inSplits []int) *Work {
+	var sendCounts, recvCounts []int
+	return pg.collective(ctx, "all_to_all_single",
+		func() (err error) {
+			if err = checkDType("out", out, in.dtype); err != nil {
+				return err
+			}
+			if recvCounts, err = pg.splits("outSplits", outSplits, out); err != nil {
+				return err
+			}
+			sendCounts, err = pg.splits("inSplits", inSplits, in)
+			return err
+		},
+		func(ctx context.Context) error {
+			return pg.comm.AllToAll(ctx, out.data, in.data, in.dtype, sendCounts, recvCounts)
+		})
+}
+
+// Barrier returns once every rank of the group has entered it.
+func (pg *ProcessGroup) Barrier(ctx context.Context) error {
+	return pg.barrier(ctx).Wait(ctx)
+}
+
+// BarrierAsync is the asynchronous form of Barrier.
+func (pg *ProcessGroup) BarrierAsync() *Work {
+	return pg.barrier(context.Background())
+}
+
+func (pg *ProcessGroup) barrier(ctx context.Context) *Work {
+	return pg.collective(ctx, "barrier", nil, func(ctx context.Context) error { return pg.comm.Barrier(ctx) })
+}
+
+// Argument checks.
+
+// checkRank checks that rank, the argument name, is a rank of the group.
+func (pg *ProcessGroup) checkRank(name string, rank int) error {
+	if rank < 0 || rank >= pg.Size() {
+		return invalid("%s %d is out of range for a group of %d ranks", name, rank, pg.Size())
+	}
+	return nil
+}
+
+// checkList checks that ts, the argument name, has one tensor per rank,
+// each of dtype dt and, unless n is negative, of n elements.
+func (pg *ProcessGroup) checkList(name string, ts []Tensor, dt DType, n int) error {
+	if len(ts) != pg.Size() {
+		return invalid("%s has %d tensors, want %d: one per rank", name, len(ts), pg.Size())
+	}
+	for i, t := range ts {
+		if t.dtype != dt {
+			return invalid("%s[%d] is %s, want %s", name, i, t.dtype, dt)
+		}
+		if n >= 0 && t.Len() != n {
+			return invalid("%s[%d] has %d elements, want %d", name, i, t.Len(), n)
+		}
+	}
+	return nil
+}
+
+// splits returns the element counts that cut t, the argument name's
+// tensor, into one piece per rank: given, or equal pieces when nil.
+func (pg *ProcessGroup) splits(name string, given []int, t Tensor) ([]int, error) {
+	size := pg.Size()
+	if given == nil {
+		if t.Len()%size != 0 {
+			return nil, invalid("%s is nil, but %d elements do not split evenly among %d ranks", name, t.Len(), size)
+		}
+		return repeat(t.Len()/size, size), nil
+	}
+	if len(given) != size {
+		return nil, invalid("%s has %d counts, want %d: one per rank", name, len(given), size)
+	}
+	sum := 0
+	for i, n := range given {
+		if n < 0 {
+			return nil, invalid("%s[%d] is negative: %d", name, i, n)
+		}
+		sum += n
+	}
+	if sum != t.Len() {
+		return nil, invalid("%s add up to %d elements, but the tensor has %d", name, sum, t.Len())
+	}
+	return slices.Clone(given), nil
+}
+
+func checkDType(name string, t Tensor, want DType) error {
+	if t.dtype != want {
+		return invalid("%s is %s, want %s", name, t.dtype, want)
+	}
+	return nil
+}
+
+func checkLen(name string, t Tensor, want int) error {
+	if t.Len() != want {
+		return invalid("%s has %d elements, want %d", name, t.Len(), want)
+	}
+	return nil
+}
+
+// checkReduce checks that op is an operator that applies to dt.
+func checkReduce(dt DType, op ReduceOp) error {
+	switch {
+	case op > BXor:
+		return invalid("unknown reduce op %s", op)
+	case op == Avg && !dt.IsFloat():
+		return invalid("avg applies to floating-point tensors, not %s", dt)
+	case op >= BAnd && dt.IsFloat():
+		return invalid("%s applies to integer tensors, not %s", op, dt)
+	}
+	return nil
+}
+
+// firstError returns the first non-nil error.
+func firstError(errs ...error) error {
+	for _, err := range errs {
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// Staging between tensor lists and the one buffer a Comm takes.
+
+// pack copies ts, one after the other, into a new buffer.
+func pack(ts []Tensor) []byte {
+	buf := make([]byte, 0, totalBytes(ts))
+	for _, t := range ts {
+		buf = append(buf, t.data...)
+	}
+	return buf
+}
+
+// unpack copies consecutive pieces of buf into ts, filling each.
+func unpack(ts []Tensor, buf []byte) {
+	for _, t := range ts {
+		buf = buf[copy(t.data, buf):]
+	}
+}
+
+func totalBytes(ts []Tensor) int {
+	n := 0
+	for _, t := range ts {
+		n += len(t.data)
+	}
+	return n
+}
+
+// lengths returns the element count of each tensor.
+func lengths(ts []Tensor) []int {
+	ns := make([]int, len(ts))
+	for i, t := range ts {
+		ns[i] = t.Len()
+	}
+	return ns
+}
+
+func repeat(n, times int) []int {
+	return slices.Repeat([]int{n}, times)
+}
+
+// dtypeOfFirst is the dtype the rest of a list must share.
+func dtypeOfFirst(ts []Tensor) DType {
+	if len(ts) == 0 {
+		return 0
+	}
+	return ts[0].dtype
+}

@@ -1,0 +1,247 @@
+package runtime
+
+import (
+	"cmp"
+	"context"
+	"sync"
+	"time"
+)
+
+// Work is an operation started asynchronously: a collective queued on its
+// group, or a point-to-point message in flight. Every operation has a
+// blocking form that starts its Work and waits for it.
+type Work struct {
+	op      string
+	ctx     context.Context             // the caller's; cancelling it cancels the operation
+	run     func(context.Context) error // nil once finished
+	timeout time.Duration               // when not zero, replaces the group's
+	done    chan struct{}               // closed when finished, after err and source are set
+
+	err    error
+	source int
+}
+
+func newWork(ctx context.Context, op string, run func(context.Context) error) *Work {
+	return &Work{op: op, ctx: ctx, run: run, done: make(chan struct{}), source: -1}
+}
+
+// failedWork returns a Work that finished with err without running.
+func failedWork(op string, err error) *Work {
+	w := newWork(context.Background(), op, nil)
+	w.finish(err)
+	return w
+}
+
+// Wait blocks until the operation finishes and returns its error, or
+// until ctx is done. Giving up waiting does not cancel an asynchronous
+// operation: it runs on until it finishes or the group's timeout ends it.
+func (w *Work) Wait(ctx context.Context) error {
+	select {
+	case <-w.done:
+		return w.err
+	default:
+	}
+	select {
+	case <-w.done:
+		return w.err
+	case <-ctx.Done():
+		return &OpError{Op: w.op, Err: context.Cause(ctx)}
+	}
+}
+
+// IsCompleted reports whether the operation has finished, successfully or
+// not.
+func (w *Work) IsCompleted() bool {
+	select {
+	case <-w.done:
+		return true
+	default:
+		return false
+	}
+}
+
+// Err returns the operation's error once it has finished; nil before.
+func (w *Work) Err() error {
+	if !w.IsCompleted() {
+		return nil
+	}
+	return w.err
+}
+
+// Source returns the rank that sent the message a finished IRecv
+// received, which is how a receive from AnySource learns its sender; -1
+// for every other operation, and before the receive finishes.
+func (w *Work) Source() int {
+	if !w.IsCompleted() {
+		return -1
+	}
+	return w.source
+}
+
+func (w *Work) finish(err error) {
+	if err != nil {
+		w.err = &OpError{Op: w.op, Err: err}
+	}
+	w.ctx, w.run = nil, nil
+	close(w.done)
+}
+
+// scope is what every operation of a group runs within: the group's
+// lifetime, cancelled by Close, and its timeout for each operation.
+type scope struct {
+	life    context.Context
+	timeout time.Duration
+}
+
+// execute runs w to completion. The operation sees a context that ends
+// when the caller's does, when the group closes, or after the group's
+// timeout (or its own) counted from the operation's start, so that time
+// spent queued behind a slow operation is not charged to the next one.
+func (s scope) execute(w *Work) {
+	if s.life.Err() != nil {
+		w.finish(ErrClosed)
+		return
+	}
+	ctx, cancel := context.WithCancelCause(w.ctx)
+	defer cancel(nil)
+	stop := context.AfterFunc(s.life, func() { cancel(ErrClosed) })
+	defer stop()
+	ctx, cancelTimeout := context.WithTimeout(ctx, cmp.Or(w.timeout, s.timeout))
+	defer cancelTimeout()
+
+	err := w.run(ctx)
+	if err != nil && s.life.Err() != nil {
+		// The backend's error for an operation cut short by Close says
+		// less than ours.
+		err = ErrClosed
+	}
+	w.finish(err)
+}
+
+// executor runs a group's collectives one at a time, in the order they
+// were submitted, on one goroutine, as ProcessGroupGloo's worker thread
+// does. The order is what keeps ranks in step: every rank submits the
+// same collectives in the same order, and the backend requires that they
+// reach it so.
+type executor struct {
+	scope scope
+
+	mu     sync.Mutex
+	queue  []*Work
+	closed bool
+
+	wake chan struct{} // capacity 1: the queue or closed changed
+	done chan struct{} // closed by loop when it returns
+}
+
+func newExecutor(s scope) *executor {
+	e := &executor{scope: s, wake: make(chan struct{}, 1), done: make(chan struct{})}
+	go e.loop()
+	return e
+}
+
+// submit queues w; after close it fails w with ErrClosed.
+func (e *executor) submit(w *Work) *Work {
+	e.mu.Lock()
+	if e.closed {
+		e.mu.Unlock()
+		w.finish(ErrClosed)
+		return w
+	}
+	e.queue = append(e.queue, w)
+	e.mu.Unlock()
+	e.signal()
+	return w
+}
+
+func (e *executor) signal() {
+	select {
+	case e.wake <- struct{}{}:
+	default:
+	}
+}
+
+// loop runs queued works until close; it owns nothing but the work it has
+// taken off the queue.
+func (e *executor) loop() {
+	defer close(e.done)
+	for {
+		e.mu.Lock()
+		if len(e.queue) == 0 {
+			closed := e.closed
+			e.mu.Unlock()
+			if closed {
+				return
+			}
+			<-e.wake
+			continue
+		}
+		w := e.queue[0]
+		e.queue[0] = nil
+		e.queue = e.queue[1:]
+		e.mu.Unlock()
+		e.scope.execute(w)
+	}
+}
+
+// close fails the queued works with ErrClosed and stops the loop once the
+// running work, if any, returns; wait waits for that.
+func (e *executor) close() {
+	e.mu.Lock()
+	pending := e.queue
+	e.queue, e.closed = nil, true
+	e.mu.Unlock()
+	for _, w := range pending {
+		w.finish(ErrClosed)
+	}
+	e.signal()
+}
+
+func (e *executor) wait() { <-e.done }
+
+// lane identifies the point-to-point operations that must keep their
+// order: those in one direction, with one peer and one tag.
+type lane struct {
+	send      bool
+	peer, tag int
+}
+
+// lanes runs point-to-point operations, each on its own goroutine so that
+// they overlap, except that operations of one lane run in the order they
+// were started: two messages sent to one peer with one tag arrive in the
+// order they were sent, and two receives from one peer with one tag are
+// matched in the order they were posted, as in MPI.
+type lanes struct {
+	scope scope
+
+	mu   sync.Mutex
+	tail map[lane]chan struct{} // done channel of each busy lane's latest work
+	wg   sync.WaitGroup
+}
+
+func newLanes(s scope) *lanes {
+	return &lanes{scope: s, tail: make(map[lane]chan struct{})}
+}
+
+func (l *lanes) start(k lane, w *Work) *Work {
+	l.mu.Lock()
+	prev := l.tail[k]
+	l.tail[k] = w.done
+	l.mu.Unlock()
+
+	l.wg.Go(func() {
+		if prev != nil {
+			<-prev
+		}
+		l.scope.execute(w)
+		l.mu.Lock()
+		if l.tail[k] == w.done {
+			delete(l.tail, k)
+		}
+		l.mu.Unlock()
+	})
+	return w
+}
+
+// wait waits for every operation started, which Close has made fail.
+func (l *lanes) wait() { l.wg.Wait() }
