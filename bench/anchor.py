@@ -124,8 +124,9 @@ def main():
         print("#       size         count      type   redop    root     time   algbw   busbw")
         print("#        (B)    (elements)                               (us)  (GB/s)  (GB/s)")
     for size in sizes(args):
-        count = max(size // 4, be.size)
-        count -= count % be.size
+        count = max(size // 4, 1)
+        if args.o in ("allgather", "reduce_scatter", "alltoall"):
+            count = max(count - count % be.size, be.size)
         a, b = be.buffers(args.o, count)
         for _ in range(args.w):
             be.run(args.o, a, b)

@@ -78,9 +78,10 @@ const (
 	reduceScatterDoublingMax = 16 << 10
 
 	// defaultSegment is the payload of one frame in pipelined algorithms:
-	// large enough to amortise a frame's cost, small enough that a rank
-	// reduces or forwards one segment while the next is on the wire.
-	defaultSegment = 512 << 10
+	// large enough to amortise a frame's cost (wake-ups, syscalls; 1 MiB
+	// measured best from 64 KiB to 4 MiB), small enough that a rank reduces
+	// or forwards one segment while the next is on the wire.
+	defaultSegment = 1 << 20
 )
 
 func (c *comm) allReduceAlgorithm(n int) algorithm {

@@ -30,6 +30,9 @@ type TCPOptions struct {
 	Host string
 	// Eager connects to every peer during NewTCP instead of on first use.
 	Eager bool
+	// TCPOnly turns off the Unix-socket shortcut between ranks on one
+	// host (see transport.go), as does GORUN_TCP_ONLY=1.
+	TCPOnly bool
 
 	// algo forces an algorithm as GORUN_ALGO does (tests, experiments).
 	algo string
@@ -83,7 +86,8 @@ func NewTCP(ctx context.Context, store rendezvous.Store, rank, size int, opts TC
 		return nil, err
 	}
 	log := opts.Logger.With().Str("component", "collective").Int("rank", rank).Logger()
-	t, err := newTransport(ctx, store, rank, size, host, cfg, log)
+	tcpOnly := opts.TCPOnly || getenv("GORUN_TCP_ONLY") == "1"
+	t, err := newTransport(ctx, store, rank, size, host, tcpOnly, cfg, log)
 	if err != nil {
 		return nil, err
 	}

@@ -87,7 +87,7 @@ func TestMismatchFailsEveryRank(t *testing.T) {
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			comms := testWorld(t, tc.n, TCPOptions{})
+			comms := testWorld(t, tc.n, TCPOptions{TCPOnly: tc.n%2 == 1})
 			ctx := testContext(t, 20*time.Second)
 			start := time.Now()
 			errs := onAll(comms, func(r int, c Comm) error {
@@ -175,7 +175,7 @@ func TestHangNamesTheRank(t *testing.T) {
 // with a PeerError naming it, long before any deadline.
 func TestPeerDeathFailsAtOnce(t *testing.T) {
 	const n, victim = 4, 2
-	comms := testWorld(t, n, TCPOptions{})
+	comms := testWorld(t, n, TCPOptions{TCPOnly: true})
 	ctx := testContext(t, 60*time.Second)
 	size := 16 << 20
 	if raceEnabled {

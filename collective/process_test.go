@@ -11,6 +11,7 @@ import (
 	"net"
 	"os"
 	"os/exec"
+	"runtime/pprof"
 	"strconv"
 	"strings"
 	"syscall"
@@ -29,6 +30,7 @@ const (
 	envScenario = "GORUN_COLLECTIVE_TEST_SCENARIO"
 	envBytes    = "GORUN_COLLECTIVE_TEST_BYTES"
 	envIters    = "GORUN_COLLECTIVE_TEST_ITERS"
+	envProfile  = "GORUN_COLLECTIVE_TEST_CPUPROFILE" // bench: a CPU profile per rank
 )
 
 // exitCollectiveFailed is a rank's exit status when a collective failed.
@@ -227,6 +229,15 @@ func scenarioBench(ctx context.Context, c Comm) error {
 	size, _ := strconv.Atoi(os.Getenv(envBytes))
 	iters, _ := strconv.Atoi(os.Getenv(envIters))
 	buf := make([]byte, size)
+	if path := os.Getenv(envProfile); path != "" {
+		f, err := os.Create(fmt.Sprintf("%s.%d", path, c.Rank()))
+		if err != nil {
+			return err
+		}
+		defer f.Close()
+		pprof.StartCPUProfile(f)
+		defer pprof.StopCPUProfile()
+	}
 	for range 3 {
 		if err := c.AllReduce(ctx, buf, Float32, Sum); err != nil {
 			return err
@@ -349,8 +360,20 @@ func TestProcessKilledDuringAllReduce(t *testing.T) {
 	if testing.Short() {
 		t.Skip("64 MiB per rank")
 	}
+	for _, transport := range []string{"unix", "tcp"} {
+		t.Run(transport, func(t *testing.T) {
+			tcpOnly := "0"
+			if transport == "tcp" {
+				tcpOnly = "1"
+			}
+			testKillDuringAllReduce(t, "GORUN_TCP_ONLY="+tcpOnly)
+		})
+	}
+}
+
+func testKillDuringAllReduce(t *testing.T, env ...string) {
 	const n, victim = 4, 2
-	procs := startRanks(t, n, "allreduce-loop")
+	procs := startRanks(t, n, "allreduce-loop", env...)
 	// Kill it once its third all_reduce has begun: the first two prove
 	// the world works, and the third is surely in flight.
 	for line := range procs[victim].lines {

@@ -8,6 +8,7 @@ import (
 	"io"
 	"net"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -25,10 +26,20 @@ import (
 // reducing; a reader goroutine per incoming connection routes frames into
 // mailboxes (mailbox.go), reading payloads straight into posted buffers.
 // Every communicator split from the world shares these connections.
+//
+// Ranks on one host take a shortcut: each also listens on an abstract
+// Unix socket (Linux), and a peer on the same host (same boot id and host
+// name) dials that instead of the TCP port. Loopback TCP moves 3-4 GB/s on
+// a small machine, a Unix stream twice that; the frames are the same. A
+// peer in another network namespace cannot reach the socket, and the dial
+// falls back to TCP.
 
 const (
 	// addrKeyPrefix + rank is where a rank publishes "host:port".
 	addrKeyPrefix = "collective/addr/"
+	// localKeyPrefix + rank is where it publishes "hostid\nunix-address",
+	// or nothing after the newline when it has no Unix socket.
+	localKeyPrefix = "collective/local/"
 
 	// helloTimeout bounds how long an accepted connection may take to say
 	// who it is; garbage and port scanners are dropped after it.
@@ -56,6 +67,8 @@ type transport struct {
 	log        zerolog.Logger
 	cfg        config
 	ln         *net.TCPListener
+	local      net.Listener // the Unix socket for same-host peers, or nil
+	hostID     string
 
 	mu       sync.Mutex
 	closed   bool
@@ -65,7 +78,7 @@ type transport struct {
 	orphans  map[uint64]*abortNote // aborts for communicators not split yet
 	retired  map[uint64]bool       // closed communicators
 	queries  map[uint64]chan statusReply
-	handshak map[*net.TCPConn]bool // accepted, hello not read yet
+	handshak map[net.Conn]bool // accepted, hello not read yet
 
 	done    chan struct{}   // closed by close
 	life    context.Context // cancelled by close
@@ -80,12 +93,12 @@ type transport struct {
 type peer struct {
 	dial   sync.Mutex // serialises dialling it
 	out    *outConn
-	in     *net.TCPConn
+	in     net.Conn
 	inErr  error // why the incoming connection ended: nothing more will come
 	outErr error // why the outgoing one did: nothing more can be sent
 }
 
-func newTransport(ctx context.Context, store rendezvous.Store, rank, size int, host string, cfg config, log zerolog.Logger) (*transport, error) {
+func newTransport(ctx context.Context, store rendezvous.Store, rank, size int, host string, tcpOnly bool, cfg config, log zerolog.Logger) (*transport, error) {
 	ln, err := net.Listen("tcp", net.JoinHostPort(host, "0"))
 	if err != nil {
 		return nil, fmt.Errorf("collective: listen on %s: %w", host, err)
@@ -103,29 +116,47 @@ func newTransport(ctx context.Context, store rendezvous.Store, rank, size int, h
 		orphans:  make(map[uint64]*abortNote),
 		retired:  make(map[uint64]bool),
 		queries:  make(map[uint64]chan statusReply),
-		handshak: make(map[*net.TCPConn]bool),
+		handshak: make(map[net.Conn]bool),
 		done:     make(chan struct{}),
 	}
 	t.life, t.endLife = context.WithCancel(context.Background())
+	local := ""
+	if !tcpOnly {
+		if t.hostID = hostIdentity(); t.hostID != "" {
+			if l, err := listenLocal(); err == nil {
+				t.local, local = l, l.Addr().String()
+			} else {
+				log.Debug().Err(err).Msg("no unix socket; same-host peers use tcp")
+			}
+		}
+	}
 	addr := net.JoinHostPort(host, strconv.Itoa(t.ln.Addr().(*net.TCPAddr).Port))
 	t.wg.Add(1)
-	go t.accept()
-	if err := store.Set(ctx, addrKeyPrefix+strconv.Itoa(rank), []byte(addr)); err != nil {
+	go t.accept(t.ln)
+	if t.local != nil {
+		t.wg.Add(1)
+		go t.accept(t.local)
+	}
+	// The local key first: a peer that finds the address finds both.
+	err = store.MultiSet(ctx,
+		[]string{localKeyPrefix + strconv.Itoa(rank), addrKeyPrefix + strconv.Itoa(rank)},
+		[][]byte{[]byte(t.hostID + "\n" + local), []byte(addr)})
+	if err != nil {
 		t.close()
 		return nil, fmt.Errorf("collective: publish address: %w", err)
 	}
-	t.log.Debug().Str("addr", addr).Msg("listening")
+	t.log.Debug().Str("addr", addr).Str("unix", local).Msg("listening")
 	return t, nil
 }
 
 // accept serves incoming connections until the listener is closed,
 // pausing 5 ms doubling to 1 s after errors other than that, as net/http
 // does.
-func (t *transport) accept() {
+func (t *transport) accept(ln net.Listener) {
 	defer t.wg.Done()
 	var pause time.Duration
 	for {
-		c, err := t.ln.AcceptTCP()
+		c, err := ln.Accept()
 		if err != nil {
 			select {
 			case <-t.done:
@@ -157,7 +188,7 @@ func (t *transport) accept() {
 
 // serve reads the hello of an accepted connection, then its frames until
 // it ends.
-func (t *transport) serve(c *net.TCPConn) {
+func (t *transport) serve(c net.Conn) {
 	defer t.wg.Done()
 	defer c.Close()
 	src, br, err := t.handshake(c)
@@ -182,7 +213,7 @@ func (t *transport) serve(c *net.TCPConn) {
 	t.lostIncoming(src, err)
 }
 
-func (t *transport) handshake(c *net.TCPConn) (int, *bufio.Reader, error) {
+func (t *transport) handshake(c net.Conn) (int, *bufio.Reader, error) {
 	tune(c)
 	c.SetReadDeadline(time.Now().Add(helloTimeout))
 	br := bufio.NewReaderSize(c, readBufferSize)
@@ -365,18 +396,16 @@ func (t *transport) outState(p *peer) (*outConn, error) {
 	return p.out, nil
 }
 
-// dial looks dst's address up in the store, connects and says hello.
-func (t *transport) dial(ctx context.Context, dst int) (*net.TCPConn, error) {
-	addr, err := t.store.Get(ctx, addrKeyPrefix+strconv.Itoa(dst))
-	if err != nil {
-		return nil, fmt.Errorf("look up address: %w", err)
+// dial connects to dst, by its Unix socket when it is on this host, else
+// by TCP, and says hello.
+func (t *transport) dial(ctx context.Context, dst int) (net.Conn, error) {
+	c, err := t.dialLocal(ctx, dst)
+	if c == nil && err == nil {
+		c, err = t.dialTCP(ctx, dst)
 	}
-	var d net.Dialer
-	nc, err := d.DialContext(ctx, "tcp", string(addr))
 	if err != nil {
 		return nil, err
 	}
-	c := nc.(*net.TCPConn)
 	tune(c)
 	var b [headerSize]byte
 	hello := header{kind: kindHello, root: int32(t.rank), count: uint64(t.size)}
@@ -385,8 +414,41 @@ func (t *transport) dial(ctx context.Context, dst int) (*net.TCPConn, error) {
 		c.Close()
 		return nil, err
 	}
-	t.log.Debug().Int("peer", dst).Str("addr", string(addr)).Msg("connected")
+	t.log.Debug().Int("peer", dst).Stringer("addr", c.RemoteAddr()).Msg("connected")
 	return c, nil
+}
+
+// dialLocal connects to dst's Unix socket when dst shares our host; it
+// returns nil and no error when TCP should be used instead.
+func (t *transport) dialLocal(ctx context.Context, dst int) (net.Conn, error) {
+	if t.local == nil {
+		return nil, nil
+	}
+	v, err := t.store.Get(ctx, localKeyPrefix+strconv.Itoa(dst))
+	if err != nil {
+		return nil, fmt.Errorf("look up address: %w", err)
+	}
+	id, addr, _ := strings.Cut(string(v), "\n")
+	if id != t.hostID || addr == "" {
+		return nil, nil
+	}
+	var d net.Dialer
+	c, err := d.DialContext(ctx, "unix", addr)
+	if err != nil {
+		// Another network namespace, say: TCP still works.
+		t.log.Debug().Int("peer", dst).Err(err).Msg("unix socket unreachable; using tcp")
+		return nil, nil
+	}
+	return c, nil
+}
+
+func (t *transport) dialTCP(ctx context.Context, dst int) (net.Conn, error) {
+	addr, err := t.store.Get(ctx, addrKeyPrefix+strconv.Itoa(dst))
+	if err != nil {
+		return nil, fmt.Errorf("look up address: %w", err)
+	}
+	var d net.Dialer
+	return d.DialContext(ctx, "tcp", string(addr))
 }
 
 // lostOutgoing records that our connection to dst ended: queued and later
@@ -436,7 +498,7 @@ func (t *transport) close() {
 	t.closed = true
 	close(t.done)
 	t.endLife()
-	var conns []*net.TCPConn
+	var conns []net.Conn
 	var outs []*outConn
 	for i := range t.peers {
 		if p := &t.peers[i]; p.in != nil {
@@ -456,6 +518,9 @@ func (t *transport) close() {
 	t.mu.Unlock()
 
 	t.ln.Close()
+	if t.local != nil {
+		t.local.Close()
+	}
 	for _, c := range conns {
 		c.Close()
 	}
@@ -468,19 +533,26 @@ func (t *transport) close() {
 	t.wg.Wait()
 }
 
-// tune sets what every connection wants: no Nagle delay (Go's default,
-// restated), and kernel buffers that hold a pipelined segment or two.
-func tune(c *net.TCPConn) {
-	c.SetNoDelay(true)
-	c.SetReadBuffer(socketBufferSize)
-	c.SetWriteBuffer(socketBufferSize)
+// tune sets what every connection wants: no Nagle delay (Go's default
+// for TCP, restated), and kernel buffers that hold a pipelined segment or
+// two.
+func tune(c net.Conn) {
+	switch c := c.(type) {
+	case *net.TCPConn:
+		c.SetNoDelay(true)
+		c.SetReadBuffer(socketBufferSize)
+		c.SetWriteBuffer(socketBufferSize)
+	case *net.UnixConn:
+		c.SetReadBuffer(socketBufferSize)
+		c.SetWriteBuffer(socketBufferSize)
+	}
 }
 
 // outConn is our connection to one peer, written by one goroutine.
 type outConn struct {
 	t    *transport
 	peer int // world rank
-	conn *net.TCPConn
+	conn net.Conn
 
 	mu    sync.Mutex
 	cond  sync.Cond // signalled when queue grows or err is set

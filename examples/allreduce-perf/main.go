@@ -30,6 +30,8 @@ type collective struct {
 	// inCount and outCount are the element counts per rank, for a total
 	// of count elements (the size column).
 	inCount, outCount func(count, n int) int
+	// perRank collectives split count evenly over the ranks.
+	perRank bool
 	// input is the value of input element i on rank r; want is the value of
 	// output element i on rank r after the operation.
 	input, want func(r, n, i, count int) float64
@@ -72,6 +74,7 @@ var collectives = map[string]collective{
 		want:     func(r, n, i, count int) float64 { return pattern(0, i) },
 	},
 	"allgather": {
+		perRank:   true,
 		name:      "none",
 		busFactor: func(n float64) float64 { return (n - 1) / n },
 		run: func(ctx context.Context, pg *dist.ProcessGroup, b *buffers) error {
@@ -86,6 +89,7 @@ var collectives = map[string]collective{
 		},
 	},
 	"reduce_scatter": {
+		perRank:   true,
 		name:      "sum",
 		busFactor: func(n float64) float64 { return (n - 1) / n },
 		run: func(ctx context.Context, pg *dist.ProcessGroup, b *buffers) error {
@@ -103,6 +107,7 @@ var collectives = map[string]collective{
 		},
 	},
 	"alltoall": {
+		perRank:   true,
 		name:      "none",
 		busFactor: func(n float64) float64 { return (n - 1) / n },
 		run: func(ctx context.Context, pg *dist.ProcessGroup, b *buffers) error {
@@ -177,8 +182,10 @@ func run() error {
 	var busSum float64
 	var rows int
 	for size := lo; size <= hi; size *= *factor {
-		count := max(size/dt.Size(), n)
-		count -= count % n
+		count := max(size/dt.Size(), 1)
+		if op.perRank {
+			count = max(count-count%n, n)
+		}
 		b := buffers{in: newTensor(dt, op.inCount(count, n)), out: newTensor(dt, op.outCount(count, n))}
 		for i := 0; i < *warmup; i++ {
 			if err := op.run(ctx, pg, &b); err != nil {
