@@ -32,6 +32,7 @@ type config struct {
 	rank      int
 	worldSize int // positive when given by WithRank
 	host      string
+	eager     bool
 	log       zerolog.Logger
 
 	// Seams for tests, which may not touch the process's environment nor
@@ -64,6 +65,11 @@ func WithRank(rank, worldSize int) Option {
 // by GORUN_SOCKET_IFNAME or GLOO_SOCKET_IFNAME, else the one that routes
 // to MASTER_ADDR, else one the host name resolves to.
 func WithHost(host string) Option { return func(c *config) { c.host = host } }
+
+// WithEagerConnect makes Init connect to every peer at once, so that a
+// network problem shows at start-up rather than at the first collective
+// that needs the peer; by default connections are made on first use.
+func WithEagerConnect() Option { return func(c *config) { c.eager = true } }
 
 // WithLogger makes the runtime log to log (default: nowhere).
 func WithLogger(log zerolog.Logger) Option { return func(c *config) { c.log = log } }
@@ -255,7 +261,7 @@ func (c *config) chooseBackend(env launchEnv, log zerolog.Logger) (connector, er
 	}
 	switch c.backend {
 	case "auto", "tcp":
-		opts := collective.TCPOptions{Logger: log, Host: c.host}
+		opts := collective.TCPOptions{Logger: log, Host: c.host, Eager: c.eager}
 		return func(ctx context.Context, store rendezvous.Store) (collective.Comm, error) {
 			return collective.NewTCP(ctx, store, env.rank, env.worldSize, opts)
 		}, nil

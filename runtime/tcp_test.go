@@ -16,6 +16,15 @@ import (
 // the loopback interface.
 
 func TestTCPEveryCollective(t *testing.T) {
+	for _, mode := range []struct {
+		name string
+		opts []Option
+	}{{"lazy", nil}, {"eager", []Option{WithEagerConnect()}}} {
+		t.Run(mode.name, func(t *testing.T) { everyOperationOnTCP(t, mode.opts) })
+	}
+}
+
+func everyOperationOnTCP(t *testing.T, opts []Option) {
 	onTCPRanks(t, 4, func(pg *ProcessGroup) error {
 		ctx := t.Context()
 		if err := everyCollective(ctx, pg); err != nil {
@@ -50,7 +59,7 @@ func TestTCPEveryCollective(t *testing.T) {
 			return fmt.Errorf("all_gather_object: %v", all)
 		}
 		return nil
-	})
+	}, opts...)
 }
 
 func TestTCPGroupsRunConcurrently(t *testing.T) {
