@@ -20,6 +20,8 @@ const (
 	algoChain                   // pipelined chain
 	algoDirect                  // every rank talks to the root / every peer directly
 	algoDissemination           // barrier rounds at distances 1, 2, 4, ...
+	algoShm                     // shared memory: each rank reduces its chunk of every rank's slot
+	algoShmFlat                 // shared memory: each rank reduces all of every rank's slot
 )
 
 var algorithmNames = [...]string{
@@ -31,6 +33,8 @@ var algorithmNames = [...]string{
 	algoChain:         "chain",
 	algoDirect:        "direct",
 	algoDissemination: "dissemination",
+	algoShm:           "shm",
+	algoShmFlat:       "shm-flat",
 }
 
 func (a algorithm) String() string {
@@ -77,6 +81,11 @@ const (
 	// copy up to this size, the ring above.
 	reduceScatterDoublingMax = 16 << 10
 
+	// allReduceShmFlatMax: in shared memory, every rank reduces the whole
+	// buffer up to this size (one synchronisation), each its 1/n above
+	// it (two, but n times less reducing).
+	allReduceShmFlatMax = 16 << 10
+
 	// defaultSegment is the payload of one frame in pipelined algorithms:
 	// large enough to amortise a frame's cost (wake-ups, syscalls; 1 MiB
 	// measured best from 64 KiB to 4 MiB), small enough that a rank reduces
@@ -88,8 +97,16 @@ func (c *comm) allReduceAlgorithm(n int) algorithm {
 	switch c.cfg.algo {
 	case algoRing, algoRHD, algoRD:
 		return c.cfg.algo
+	case algoShm, algoShmFlat:
+		if c.shared() {
+			return c.cfg.algo
+		}
 	}
 	switch {
+	case c.shared() && n <= allReduceShmFlatMax:
+		return algoShmFlat
+	case c.shared():
+		return algoShm
 	case n <= allReduceDoublingMax:
 		return algoRD
 	case isPowerOfTwo(c.size()) && n <= allReduceHalvingMax,

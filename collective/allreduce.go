@@ -5,9 +5,11 @@ import (
 	"fmt"
 )
 
-// AllReduce reduces buf across the ranks in place. Small buffers go by
-// recursive doubling, medium ones by recursive halving-doubling, large ones
-// by a pipelined ring (see algorithm.go for the thresholds). Each element's
+// AllReduce reduces buf across the ranks in place. Ranks that share a
+// host and its memory reduce each other's data in shared memory
+// (allreduce_shm.go). Over sockets, small buffers go by recursive
+// doubling, medium ones by recursive halving-doubling, large ones by a
+// pipelined ring (see algorithm.go for the thresholds). Each element's
 // result is computed by one rank and copied to the others, or by two
 // partners from the same operands in the same order, so every rank ends
 // with the same bits.
@@ -28,6 +30,10 @@ func (c *comm) AllReduce(ctx context.Context, buf []byte, dt DType, op Op) error
 		err = o.allReduceDoubling(buf)
 	case algoRHD:
 		err = o.allReduceHalving(buf)
+	case algoShm:
+		err = o.allReduceShared(buf)
+	case algoShmFlat:
+		err = o.allReduceSharedFlat(buf)
 	default:
 		err = o.allReduceRing(buf)
 	}

@@ -2,10 +2,19 @@ package collective
 
 import "context"
 
-// Barrier returns once every rank has entered it, by dissemination: in
-// round k rank r signals r+2^k and waits for r-2^k, so after
-// ceil(log2(n)) rounds every rank has heard, through some path, from all.
+// Barrier returns once every rank has entered it. In shared memory it is
+// an empty all-reduce: every rank signals a block and waits for all the
+// others'. Over sockets it goes by dissemination: in round k rank r
+// signals r+2^k and waits for r-2^k, so after ceil(log2(n)) rounds every
+// rank has heard, through some path, from all.
 func (c *comm) Barrier(ctx context.Context) error {
+	if c.shared() && c.cfg.algo != algoDissemination {
+		o, err := c.begin(ctx, header{coll: collBarrier, algo: algoShmFlat})
+		if err != nil {
+			return err
+		}
+		return c.end(o, o.allReduceSharedFlat(nil))
+	}
 	return c.barrier(ctx, collBarrier, 0)
 }
 

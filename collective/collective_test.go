@@ -227,14 +227,32 @@ func checkSendRecv(t *testing.T, comms []Comm, dt DType, count int, seed uint64)
 	}
 }
 
+// TestCollectivesMatchReference checks every collective, type, operator
+// and length on every world size, through the default transport (shared
+// memory, these ranks sharing a host), and through TCP on a few sizes.
 func TestCollectivesMatchReference(t *testing.T) {
+	type world struct {
+		n         int
+		transport string
+	}
+	var worlds []world
 	sizes := []int{1, 2, 3, 4, 5, 6, 7, 8}
 	if testing.Short() || raceEnabled {
 		sizes = []int{1, 2, 3, 5}
 	}
 	for _, n := range sizes {
-		t.Run(fmt.Sprintf("world=%d", n), func(t *testing.T) {
-			comms := testWorld(t, n, TCPOptions{})
+		worlds = append(worlds, world{n, "auto"})
+	}
+	for _, n := range []int{2, 3, 5} {
+		worlds = append(worlds, world{n, "tcp"})
+	}
+	for _, w := range worlds {
+		n := w.n
+		t.Run(fmt.Sprintf("%s/world=%d", w.transport, n), func(t *testing.T) {
+			comms := testWorld(t, n, TCPOptions{Transport: w.transport})
+			if shared := comms[0].(*comm).t.shm != nil; shared != (n > 1 && w.transport == "auto") {
+				t.Fatalf("shared memory: %v", shared)
+			}
 			seed := uint64(n)
 			for _, dt := range allDTypes {
 				for _, count := range testLengths(dt) {

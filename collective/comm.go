@@ -9,6 +9,7 @@ import (
 	"hash/fnv"
 	"os"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -30,14 +31,24 @@ type TCPOptions struct {
 	Host string
 	// Eager connects to every peer during NewTCP instead of on first use.
 	Eager bool
-	// TCPOnly turns off the Unix-socket shortcut between ranks on one
-	// host (see transport.go), as does GORUN_TCP_ONLY=1.
+	// Transport chooses how ranks on one host talk; it overrides the
+	// environment variable GORUN_TRANSPORT:
+	//   - "auto" (or empty): shared memory when every rank of the world
+	//     shares this host (shm.go), else Unix sockets between same-host
+	//     peers and TCP between hosts;
+	//   - "unix": no shared memory, Unix sockets between same-host peers;
+	//   - "tcp": TCP between all peers.
+	Transport string
+	// TCPOnly is Transport "tcp", as is GORUN_TCP_ONLY=1 (kept for
+	// scripts that set it).
 	TCPOnly bool
 
 	// algo forces an algorithm as GORUN_ALGO does (tests, experiments).
 	algo string
 	// segment overrides the bytes per frame of pipelined algorithms.
 	segment int
+	// shmSlot overrides the bytes per block of shared-memory algorithms.
+	shmSlot int
 	// getenv reads the environment (os.Getenv when nil).
 	getenv func(string) string
 }
@@ -81,14 +92,33 @@ func NewTCP(ctx context.Context, store rendezvous.Store, rank, size int, opts TC
 	if cfg.segment <= 0 {
 		cfg.segment = defaultSegment
 	}
+	mode := opts.Transport
+	if mode == "" {
+		mode = getenv("GORUN_TRANSPORT")
+	}
+	if opts.TCPOnly || getenv("GORUN_TCP_ONLY") == "1" {
+		mode = "tcp"
+	}
+	switch mode = strings.ToLower(strings.TrimSpace(mode)); mode {
+	case "", "auto", "unix", "tcp":
+	default:
+		return nil, fmt.Errorf("collective: unknown transport %q (want auto, unix or tcp)", mode)
+	}
 	host, err := listenHost(ctx, opts, getenv)
 	if err != nil {
 		return nil, err
 	}
 	log := opts.Logger.With().Str("component", "collective").Int("rank", rank).Logger()
-	tcpOnly := opts.TCPOnly || getenv("GORUN_TCP_ONLY") == "1"
-	t, err := newTransport(ctx, store, rank, size, host, tcpOnly, cfg, log)
+	t, err := newTransport(ctx, store, rank, size, host, mode == "tcp", cfg, log)
 	if err != nil {
+		return nil, err
+	}
+	slot := opts.shmSlot
+	if slot <= 0 {
+		slot = defaultShmSlot
+	}
+	if t.shm, err = setupShm(ctx, store, rank, size, slot, mode != "unix", t.hostID, log); err != nil {
+		t.close()
 		return nil, err
 	}
 	members := make([]int, size)
@@ -101,7 +131,9 @@ func NewTCP(ctx context.Context, store rendezvous.Store, rank, size int, opts TC
 		t.close()
 		return nil, err
 	}
-	if opts.Eager {
+	// Shared memory shows no sign of a peer's death: its sockets must
+	// exist to close.
+	if opts.Eager || t.shm != nil {
 		if err := t.connectAll(ctx); err != nil {
 			world.Close()
 			return nil, err
@@ -186,6 +218,10 @@ func (t *transport) register(c *comm) error {
 	return nil
 }
 
+// shared reports whether c's collectives may go through shared memory:
+// it is the world, and the world has it.
+func (c *comm) shared() bool { return c.isWorld && c.t.shm != nil }
+
 func (c *comm) Rank() int { return c.rank }
 func (c *comm) Size() int { return len(c.world) }
 func (c *comm) size() int { return len(c.world) }
@@ -227,6 +263,9 @@ func (c *comm) begin(ctx context.Context, h header) (*op, error) {
 	o := &c.coll
 	o.reset(c, ctx, h)
 	c.progress.Store(&progress{seq: c.seq, coll: h.coll, active: true})
+	if c.shared() {
+		c.t.shm.publish(c.world[c.rank], &h)
+	}
 	for peer, w := range c.world {
 		if peer == c.rank {
 			continue

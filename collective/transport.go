@@ -69,6 +69,7 @@ type transport struct {
 	ln         *net.TCPListener
 	local      net.Listener // the Unix socket for same-host peers, or nil
 	hostID     string
+	shm        *shmWorld // the world's shared memory (shm.go), or nil; set before use
 
 	mu       sync.Mutex
 	closed   bool
@@ -428,7 +429,7 @@ func (t *transport) dialLocal(ctx context.Context, dst int) (net.Conn, error) {
 	if err != nil {
 		return nil, fmt.Errorf("look up address: %w", err)
 	}
-	id, addr, _ := strings.Cut(string(v), "\n")
+	id, addr, _ := splitLocal(v)
 	if id != t.hostID || addr == "" {
 		return nil, nil
 	}
@@ -440,6 +441,11 @@ func (t *transport) dialLocal(ctx context.Context, dst int) (net.Conn, error) {
 		return nil, nil
 	}
 	return c, nil
+}
+
+// splitLocal parses a local key's value: "hostid\nunix-address".
+func splitLocal(v []byte) (hostID, addr string, ok bool) {
+	return strings.Cut(string(v), "\n")
 }
 
 func (t *transport) dialTCP(ctx context.Context, dst int) (net.Conn, error) {
@@ -531,6 +537,9 @@ func (t *transport) close() {
 		c.fail(ErrClosed)
 	}
 	t.wg.Wait()
+	if t.shm != nil {
+		t.shm.close()
+	}
 }
 
 // tune sets what every connection wants: no Nagle delay (Go's default

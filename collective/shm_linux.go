@@ -1,0 +1,79 @@
+package collective
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+
+	"golang.org/x/sys/unix"
+)
+
+// shmDir is where POSIX shared memory lives on Linux: a tmpfs whose files
+// any process of the host can map.
+const shmDir = "/dev/shm"
+
+// segment is one shared-memory file, mapped.
+type segment struct {
+	path string // while it is still linked; "" once unlinked
+	mem  []byte
+}
+
+// createSegment makes a new file of size bytes under shmDir and maps it.
+// The pages are allocated now: on a full tmpfs a write to a merely
+// truncated file would kill the process with SIGBUS later, mid-collective.
+func createSegment(name string, size int) (*segment, error) {
+	path := filepath.Join(shmDir, name)
+	fd, err := unix.Open(path, unix.O_RDWR|unix.O_CREAT|unix.O_EXCL|unix.O_CLOEXEC, 0o600)
+	if err != nil {
+		return nil, fmt.Errorf("collective: create shared memory %s: %w", path, err)
+	}
+	defer unix.Close(fd)
+	s := &segment{path: path}
+	if err := unix.Fallocate(fd, 0, 0, int64(size)); err != nil {
+		s.unlink()
+		return nil, fmt.Errorf("collective: reserve %d bytes of shared memory in %s: %w", size, shmDir, err)
+	}
+	if s.mem, err = unix.Mmap(fd, 0, size, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED); err != nil {
+		s.unlink()
+		return nil, fmt.Errorf("collective: map %s: %w", path, err)
+	}
+	return s, nil
+}
+
+// openSegment maps a peer's segment, which must be size bytes.
+func openSegment(name string, size int) (*segment, error) {
+	path := filepath.Join(shmDir, name)
+	fd, err := unix.Open(path, unix.O_RDWR|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return nil, fmt.Errorf("collective: open shared memory %s: %w", path, err)
+	}
+	defer unix.Close(fd)
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
+		return nil, fmt.Errorf("collective: stat %s: %w", path, err)
+	}
+	if st.Size != int64(size) {
+		return nil, fmt.Errorf("collective: shared memory %s has %d bytes, want %d", path, st.Size, size)
+	}
+	mem, err := unix.Mmap(fd, 0, size, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+	if err != nil {
+		return nil, fmt.Errorf("collective: map %s: %w", path, err)
+	}
+	return &segment{mem: mem}, nil
+}
+
+// unlink removes the file; the mappings stay valid until unmapped, and
+// the memory is freed once the last is.
+func (s *segment) unlink() {
+	if s.path != "" {
+		os.Remove(s.path)
+		s.path = ""
+	}
+}
+
+func (s *segment) unmap() {
+	if s.mem != nil {
+		unix.Munmap(s.mem)
+		s.mem = nil
+	}
+}

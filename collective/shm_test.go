@@ -1,0 +1,185 @@
+package collective
+
+import (
+	"fmt"
+	"os"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/gorun/gorun/rendezvous"
+)
+
+// sharedSegments lists this package's files in /dev/shm.
+func sharedSegments(t testing.TB) []string {
+	t.Helper()
+	entries, err := os.ReadDir(shmDir)
+	if err != nil {
+		t.Skipf("no %s: %v", shmDir, err)
+	}
+	var names []string
+	for _, e := range entries {
+		if strings.HasPrefix(e.Name(), "gorun-collective-") {
+			names = append(names, e.Name())
+		}
+	}
+	return names
+}
+
+// expectNoNewSegments fails unless every segment not in before is gone
+// within a few seconds (another job's may come and go meanwhile).
+func expectNoNewSegments(t testing.TB, before []string) {
+	t.Helper()
+	var left []string
+	for deadline := time.Now().Add(5 * time.Second); ; {
+		left = left[:0]
+		for _, name := range sharedSegments(t) {
+			if !slices.Contains(before, name) {
+				left = append(left, name)
+			}
+		}
+		if len(left) == 0 || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if len(left) > 0 {
+		t.Errorf("left behind in %s: %v", shmDir, left)
+	}
+}
+
+// TestSharedMemoryChoice: ranks on one host share memory unless told
+// not to, and no segment outlives the setup.
+func TestSharedMemoryChoice(t *testing.T) {
+	for _, tc := range []struct {
+		opts   TCPOptions
+		env    string
+		shared bool
+	}{
+		{TCPOptions{}, "", true},
+		{TCPOptions{}, "auto", true},
+		{TCPOptions{}, "tcp", false},
+		{TCPOptions{}, "unix", false},
+		{TCPOptions{Transport: "unix"}, "auto", false},
+		{TCPOptions{TCPOnly: true}, "", false},
+	} {
+		t.Run(fmt.Sprintf("%+v/%q", tc.opts, tc.env), func(t *testing.T) {
+			before := sharedSegments(t)
+			opts := tc.opts
+			opts.getenv = func(k string) string {
+				if k == "GORUN_TRANSPORT" {
+					return tc.env
+				}
+				return ""
+			}
+			comms := testWorld(t, 3, opts)
+			for r, c := range comms {
+				if got := c.(*comm).t.shm != nil; got != tc.shared {
+					t.Errorf("rank %d: shared memory %v, want %v", r, got, tc.shared)
+				}
+			}
+			expectNoNewSegments(t, before)
+			ctx := testContext(t, 10*time.Second)
+			mustAll(t, "all_reduce", onAll(comms, func(r int, c Comm) error {
+				return c.AllReduce(ctx, make([]byte, 4<<20), Float32, Sum)
+			}))
+		})
+	}
+}
+
+// TestSharedMemoryOneRankOptsOut: when one rank may not use shared
+// memory, every rank falls back to sockets, and they still agree.
+func TestSharedMemoryOneRankOptsOut(t *testing.T) {
+	store := rendezvous.NewMemoryStore(20 * time.Second)
+	comms := make([]Comm, 3)
+	errs := onAll(comms, func(r int, _ Comm) error {
+		opts := TCPOptions{Host: "127.0.0.1", getenv: func(string) string { return "" }}
+		if r == 1 {
+			opts.Transport = "unix"
+		}
+		var err error
+		comms[r], err = NewTCP(testContext(t, 20*time.Second), store, r, 3, opts)
+		return err
+	})
+	mustAll(t, "join", errs)
+	t.Cleanup(func() {
+		for _, c := range comms {
+			c.Close()
+		}
+	})
+	for r, c := range comms {
+		if c.(*comm).t.shm != nil {
+			t.Errorf("rank %d uses shared memory", r)
+		}
+	}
+	ctx := testContext(t, 10*time.Second)
+	mustAll(t, "all_reduce", onAll(comms, func(r int, c Comm) error {
+		return c.AllReduce(ctx, make([]byte, 1<<20), Float32, Sum)
+	}))
+}
+
+// TestSharedMemoryBlocks runs both shared-memory algorithms with blocks
+// far smaller than the buffers, so that slots are reused many times and
+// blocks do not divide evenly among ranks.
+func TestSharedMemoryBlocks(t *testing.T) {
+	for _, algo := range []string{"shm", "shm-flat"} {
+		for _, n := range []int{2, 3, 4} {
+			t.Run(fmt.Sprintf("%s/world=%d", algo, n), func(t *testing.T) {
+				comms := testWorld(t, n, TCPOptions{algo: algo, shmSlot: 4 << 10})
+				seed := uint64(1000 * n)
+				for _, count := range []int{0, 1, 7, 1000, 65537} {
+					for _, p := range []struct {
+						dt DType
+						op Op
+					}{{Float32, Sum}, {BFloat16, Avg}, {Int64, BXor}, {Float64, Min}, {Uint8, Product}} {
+						seed++
+						checkReductions(t, comms, p.dt, p.op, count, seed)
+					}
+				}
+				// Calls over sockets in between keep the sequence numbers
+				// shared memory checks in step.
+				ctx := testContext(t, 10*time.Second)
+				mustAll(t, "mixed", onAll(comms, func(r int, c Comm) error {
+					for i := range 20 {
+						buf := make([]byte, 4*(i*331%2000))
+						if err := c.Broadcast(ctx, buf, Float32, i%n); err != nil {
+							return err
+						}
+						if err := c.AllReduce(ctx, buf, Float32, Max); err != nil {
+							return err
+						}
+						if err := c.Barrier(ctx); err != nil {
+							return err
+						}
+					}
+					return nil
+				}))
+			})
+		}
+	}
+}
+
+// TestSharedMemoryMismatchAcrossTransports: a rank in a shared-memory
+// all_reduce learns of a peer's socket collective from what the peer
+// published, and both fail at once instead of at their deadline.
+func TestSharedMemoryMismatchAcrossTransports(t *testing.T) {
+	comms := testWorld(t, 2, TCPOptions{})
+	ctx := testContext(t, 20*time.Second)
+	start := time.Now()
+	errs := onAll(comms, func(r int, c Comm) error {
+		buf := make([]byte, 1<<20)
+		if r == 0 {
+			return c.AllGather(ctx, make([]byte, 2*len(buf)), buf, Float32)
+		}
+		return c.AllReduce(ctx, buf, Float32, Sum)
+	})
+	if d := time.Since(start); d > 5*time.Second {
+		t.Errorf("took %v", d)
+	}
+	for r, err := range errs {
+		if !errorsIsMismatch(err) || !strings.Contains(err.Error(), "all_gather") || !strings.Contains(err.Error(), "all_reduce") {
+			t.Errorf("rank %d: %v, want a mismatch naming both calls", r, err)
+		}
+	}
+}

@@ -1,0 +1,95 @@
+package collective
+
+import (
+	"fmt"
+	"runtime"
+	"sync/atomic"
+	"time"
+)
+
+// Waiting for a peer's counter in shared memory. Ranks that keep pace
+// answer within a microsecond or two, so a waiter first polls; then it
+// gives its core away, since with more ranks than cores the peer may be
+// waiting for it; then it sleeps on a futex, which the peer's signal
+// wakes. A sleeper wakes every shmNap anyway to notice what no counter
+// shows: the communicator failed, the context ended, the peer's sockets
+// closed (it died), or the peer published a different call.
+const (
+	shmPolls  = 500
+	shmYields = 8
+	shmNap    = 20 * time.Millisecond
+)
+
+// awaitShared waits until peer's counter word reaches stamp; current
+// says the stamp is one of this op's blocks (not a slot's previous use).
+func (o *op) awaitShared(peer int, word *atomic.Uint32, stamp uint32, current bool) error {
+	for range shmPolls {
+		if reached(word.Load(), stamp) {
+			return o.checkSharedPeer(peer, current)
+		}
+	}
+	s := o.c.t.shm
+	region := &s.regions[o.c.world[peer]]
+	o.c.waitingOn.Store(int32(peer))
+	defer o.c.waitingOn.Store(-1)
+	for i := 0; ; i++ {
+		if err := o.checkPeerAlive(peer); err != nil {
+			return err
+		}
+		if err := o.checkSharedPeer(peer, false); err != nil {
+			return err
+		}
+		if i < shmYields {
+			runtime.Gosched()
+			yieldProcessor()
+		} else {
+			region.sleepers.Add(1)
+			if v := word.Load(); !reached(v, stamp) {
+				futexWait(word, v, shmNap)
+			}
+			region.sleepers.Add(^uint32(0)) // minus one
+		}
+		if reached(word.Load(), stamp) {
+			return o.checkSharedPeer(peer, current)
+		}
+	}
+}
+
+// checkPeerAlive fails the op when waiting for peer is hopeless: the
+// communicator failed, the context is done, or the peer is gone.
+func (o *op) checkPeerAlive(peer int) error {
+	select {
+	case <-o.c.failed:
+		return o.c.err
+	default:
+	}
+	if o.ctx.Err() != nil {
+		return o.timedOut("waiting for", []int{peer})
+	}
+	if err := o.c.t.peerGone(o.c.world[peer]); err != nil {
+		return &PeerError{Rank: peer, Op: o.label(), Err: err}
+	}
+	return nil
+}
+
+// checkSharedPeer fails the op when peer published another call than
+// ours for this sequence number. With arrived, the peer has signalled
+// this op's data, so it must have published this very call.
+func (o *op) checkSharedPeer(peer int, arrived bool) error {
+	s := o.c.t.shm
+	if s.checked[peer] {
+		return nil
+	}
+	theirs, ok := s.lookup(o.c.world[peer], o.hdr.seq)
+	switch {
+	case ok && theirs == o.hdr:
+		s.checked[peer] = true
+	case ok:
+		e := &MismatchError{Viewer: o.c.rank, RankA: o.c.rank, RankB: peer, hdrA: o.hdr, hdrB: theirs}
+		e.fill()
+		return e
+	case arrived:
+		return &PeerError{Rank: peer, Op: o.label(), Err: fmt.Errorf("%w: it signalled data in shared memory for another call", ErrMismatch)}
+	}
+	return nil
+}
