@@ -1,0 +1,230 @@
+package rendezvous
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"time"
+)
+
+// errNoRound is returned by the calls that need a round before the first.
+var errNoRound = errors.New("rendezvous: no round yet")
+
+// current returns this node's round and the state that opened it.
+func (d *Dynamic) current() (*RoundInfo, jobState, error) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.round == nil {
+		return nil, jobState{}, errNoRound
+	}
+	return d.round, d.state, nil
+}
+
+// Done is the exit barrier: this node's workers all succeeded in the
+// current round. It returns nil once every participant has said so (the
+// last one to say so ends the job: later joins get ErrJobEnded), or
+// ErrRoundChanged if the round is superseded first (re-rendezvous and
+// run the workers again), or ErrJobFailed or ErrJobEnded as soon as the
+// job is over, or an error naming how many nodes finished if timeout
+// (when positive) passes first.
+func (d *Dynamic) Done(ctx context.Context, timeout time.Duration) error {
+	ctx, done, err := d.begin(ctx)
+	if err != nil {
+		return err
+	}
+	defer done()
+	ri, st, err := d.current()
+	if err != nil {
+		return err
+	}
+	o, r, n := d.opts, st.round, ri.GroupWorldSize
+	finished, err := d.job.Add(ctx, roundKey(r, "done"), 1)
+	if err != nil {
+		return fmt.Errorf("rendezvous: exit barrier of round %d: %w", r, err)
+	}
+	if int(finished) >= n {
+		if err := d.job.Set(ctx, roundKey(r, "complete"), nil); err != nil {
+			return fmt.Errorf("rendezvous: exit barrier of round %d: %w", r, err)
+		}
+		// Even if the round was superseded meanwhile (a node came to
+		// wait for a place), its work is done: so is the job.
+		return d.endJob(ctx, st, fmt.Sprintf("job ended: all %d nodes finished round %d", n, r))
+	}
+
+	var deadline time.Time
+	if timeout > 0 {
+		deadline = o.Now().Add(timeout)
+	}
+	for {
+		cur, err := d.job.state(ctx)
+		if err != nil {
+			return err
+		}
+		wait := d.poll
+		if !deadline.IsZero() {
+			wait = min(wait, deadline.Sub(o.Now()))
+		}
+		// After a change, look once more: the last node marks the barrier
+		// complete before it ends the job.
+		if cur != st {
+			wait = 0
+		}
+		_, ok, err := d.job.await(ctx, roundKey(r, "complete"), wait)
+		if err == nil && !ok && cur != st {
+			ok, err = d.job.Check(ctx, []string{roundKey(r, "complete")})
+		}
+		switch {
+		case err != nil:
+			return fmt.Errorf("rendezvous: exit barrier of round %d: %w", r, err)
+		case ok:
+			return nil
+		case cur.end != running:
+			return d.overError(cur)
+		case cur != st:
+			return fmt.Errorf("%w: %s", ErrRoundChanged, d.job.reason(ctx, r, cur, d.poll))
+		case !deadline.IsZero() && !o.Now().Before(deadline):
+			finished, err := d.job.counter(ctx, roundKey(r, "done"))
+			if err != nil {
+				return fmt.Errorf("rendezvous: exit barrier timeout after %v in round %d: %w", timeout, r, err)
+			}
+			return fmt.Errorf("rendezvous: exit barrier timeout after %v: %d of %d nodes finished round %d", timeout, finished, n, r)
+		}
+	}
+}
+
+// Fail reports that this node's workers failed in the current round:
+// report (one line of JSON, for Failures) is appended to the job's
+// failures, and the round is superseded. The first failure of a round
+// spends one restart of the job's budget, opening a round whose Restarts
+// counts it; later ones in the same round, often the same fault seen by
+// other nodes, spend nothing. restart is false when the budget is spent:
+// the job has failed for everyone.
+func (d *Dynamic) Fail(ctx context.Context, report []byte) (restart bool, err error) {
+	ctx, done, err := d.begin(ctx)
+	if err != nil {
+		return false, err
+	}
+	defer done()
+	_, st, err := d.current()
+	if err != nil {
+		return false, err
+	}
+	line := bytes.TrimRight(report, "\n")
+	if bytes.ContainsRune(line, '\n') {
+		return false, errors.New("rendezvous: a failure report must be one line")
+	}
+	if err := d.job.Append(ctx, keyFailures, append(bytes.Clone(line), '\n')); err != nil {
+		return false, fmt.Errorf("rendezvous: record failure: %w", err)
+	}
+
+	o := d.opts
+	to := st.next(st.restarts+1, running)
+	reason := fmt.Sprintf("node %s on %s failed: restart %d of %d", o.NodeID, o.Host, to.restarts, o.MaxRestarts)
+	if to.restarts > o.MaxRestarts {
+		to = st.next(st.restarts, failed)
+		reason = fmt.Sprintf("node %s on %s failed: restart budget of %d spent, job failed", o.NodeID, o.Host, o.MaxRestarts)
+	}
+	cur, err := d.job.advance(ctx, st, to, reason)
+	if err != nil {
+		return false, fmt.Errorf("rendezvous: open the round after %d: %w", st.round, err)
+	}
+	if cur == to {
+		d.log.Info().Int("round", st.round).Msg(reason)
+	}
+	switch cur.end {
+	case failed:
+		return false, nil
+	case ended:
+		return false, d.overError(cur)
+	}
+	return true, nil
+}
+
+// Failures returns the failure reports of every node, oldest first.
+func (d *Dynamic) Failures(ctx context.Context) ([][]byte, error) {
+	ctx, done, err := d.begin(ctx)
+	if err != nil {
+		return nil, err
+	}
+	defer done()
+	if ok, err := d.job.Check(ctx, []string{keyFailures}); err != nil || !ok {
+		return nil, err
+	}
+	all, err := d.job.Get(ctx, keyFailures)
+	if err != nil {
+		return nil, err
+	}
+	return bytes.Split(bytes.TrimSuffix(all, []byte("\n")), []byte("\n")), nil
+}
+
+// Shutdown ends the job for every node, as when it succeeded, its budget
+// is spent, or the user aborts it: the current round is superseded and
+// later joins fail with ErrJobEnded. Call Close afterwards.
+func (d *Dynamic) Shutdown(ctx context.Context) error {
+	ctx, done, err := d.begin(ctx)
+	if err != nil {
+		return err
+	}
+	defer done()
+	st, err := d.job.state(ctx)
+	if err == nil {
+		err = d.endJob(ctx, st, fmt.Sprintf("job ended: node %s on %s shut it down", d.opts.NodeID, d.opts.Host))
+	}
+	if err != nil {
+		return fmt.Errorf("rendezvous: shut down job %s: %w", d.opts.RunID, err)
+	}
+	return nil
+}
+
+// endJob moves the job from state st, or whichever follows, to its end,
+// unless it is over already.
+func (d *Dynamic) endJob(ctx context.Context, st jobState, reason string) error {
+	var err error
+	// Each lost CompareSet means the state moved on; ctx bounds the race.
+	for err == nil && st.end == running {
+		st, err = d.job.advance(ctx, st, st.next(st.restarts, ended), reason)
+	}
+	return err
+}
+
+// Close leaves the rendezvous, and closes the stores. It does not end the
+// job (Shutdown does): if this node's round is still current, it opens the
+// next one so that the other nodes go on without it at once (unlike
+// torch's, where one agent's exit closes the rendezvous for all). Calls in
+// progress return ErrHandlerClosed; Close waits for them and for the
+// heartbeats to stop, and closes Changed of this node's round.
+func (d *Dynamic) Close() error {
+	d.mu.Lock()
+	if d.closed {
+		d.mu.Unlock()
+		return nil
+	}
+	d.closed = true
+	d.mu.Unlock()
+	d.quit()
+	d.ops.Wait()
+
+	d.mu.Lock()
+	ri, st := d.round, d.state
+	d.stopWatchLocked()
+	d.mu.Unlock()
+
+	var err error
+	if ri != nil && !ri.ended() {
+		ctx, cancel := context.WithTimeout(context.Background(), d.opts.CloseTimeout)
+		reason := fmt.Sprintf("node %s on %s left", d.opts.NodeID, d.opts.Host)
+		to := st.next(st.restarts, running)
+		if cur, aerr := d.job.advance(ctx, st, to, reason); aerr != nil {
+			err = fmt.Errorf("rendezvous: leave round %d: %w", st.round, aerr)
+		} else if cur == to {
+			d.log.Info().Int("round", st.round).Msg(reason)
+		}
+		cancel()
+		ri.end("this node left the rendezvous")
+	}
+	for _, s := range d.owned {
+		err = errors.Join(err, s.Close())
+	}
+	return err
+}

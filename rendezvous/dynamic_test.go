@@ -1,0 +1,797 @@
+package rendezvous
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/rs/zerolog"
+)
+
+// Most tests run in a synctest bubble on an in-process store: the clock is
+// fake, so torch's default timeouts (5 s heartbeats, 30 s last call,
+// 10 min join timeout) cost nothing, and the bubble fails a test that
+// leaves a goroutine behind. TestDynamicOverTCP and the scale test use a
+// real Server, real clients and real time.
+
+const hb = DefaultHeartbeatInterval
+
+// testJob is one job's nodes, sharing a store.
+type testJob struct {
+	t testing.TB
+	// store returns a node's own view of the store, or connection to it,
+	// as each agent has its own; the node's handler closes it.
+	store func() Store
+	opts  DynamicOptions
+}
+
+func newTestJob(t testing.TB, minNodes, maxNodes int) *testJob {
+	mem := NewMemoryStore(0)
+	return &testJob{t: t, store: func() Store { return NewPrefixStore("", mem) }, opts: DynamicOptions{
+		RunID:    "job",
+		MinNodes: minNodes, MaxNodes: maxNodes,
+		NodeRank: -1,
+		Logger:   zerolog.New(zerolog.NewTestWriter(t)).Level(zerolog.InfoLevel),
+	}}
+}
+
+// tcpJob is a testJob whose nodes dial a Server on 127.0.0.1.
+func tcpJob(t testing.TB, minNodes, maxNodes int) *testJob {
+	_, addr, _ := startServer(t, ServerOptions{})
+	job := newTestJob(t, minNodes, maxNodes)
+	job.store = func() Store { return dialClient(t, addr, ClientOptions{Timeout: testTimeout}) }
+	return job
+}
+
+// node returns the handler of node name, which Close ends with the test.
+func (j *testJob) node(name string, edit ...func(*DynamicOptions)) *Dynamic {
+	o := j.opts
+	o.NodeID, o.Host = name, "host-"+name
+	for _, e := range edit {
+		e(&o)
+	}
+	d := NewDynamic(j.store(), o)
+	j.t.Cleanup(func() {
+		if err := d.Close(); err != nil {
+			j.t.Errorf("close %s: %v", name, err)
+		}
+	})
+	return d
+}
+
+func (j *testJob) nodes(names ...string) []*Dynamic {
+	ds := make([]*Dynamic, len(names))
+	for i, name := range names {
+		ds[i] = j.node(name)
+	}
+	return ds
+}
+
+type nextResult struct {
+	d     *Dynamic
+	round *Round
+	err   error
+}
+
+// startNext calls Next on every node at once; the results arrive in the
+// order the calls return.
+func startNext(nodes ...*Dynamic) <-chan nextResult {
+	results := make(chan nextResult, len(nodes))
+	for _, d := range nodes {
+		go func() {
+			round, err := d.Next(context.Background())
+			results <- nextResult{d, round, err}
+		}()
+	}
+	return results
+}
+
+// nextAll runs Next on every node at once and checks that all of them
+// take part in one round, which it returns.
+func nextAll(t testing.TB, nodes ...*Dynamic) int {
+	t.Helper()
+	results := startNext(nodes...)
+	for range nodes {
+		if r := <-results; r.err != nil {
+			t.Fatalf("%s: Next: %v", r.d.opts.NodeID, r.err)
+		}
+	}
+	return checkRound(t, nodes...)
+}
+
+// checkRound checks that nodes, and only they, form one round, and
+// returns its number.
+func checkRound(t testing.TB, nodes ...*Dynamic) int {
+	t.Helper()
+	first := nodes[0].Current()
+	roster := participants(t, nodes[0])
+	if len(roster) != len(nodes) {
+		t.Fatalf("round %d has %d nodes, want %d", first.Number, len(roster), len(nodes))
+	}
+	for _, d := range nodes {
+		ri := d.Current()
+		if ri.Number != first.Number || ri.Restarts != first.Restarts || ri.GroupWorldSize != len(nodes) || ri.WorldSize != first.WorldSize {
+			t.Fatalf("%s: round %+v; %s: round %+v", d.opts.NodeID, ri, nodes[0].opts.NodeID, first)
+		}
+		if n := roster[ri.GroupRank]; n.ID != d.opts.NodeID || n.FirstRank != ri.FirstRank {
+			t.Fatalf("%s has group rank %d and first rank %d; the roster says %+v", d.opts.NodeID, ri.GroupRank, ri.FirstRank, n)
+		}
+	}
+	return first.Number
+}
+
+// participants returns the nodes of d's round, in group-rank order.
+func participants(t testing.TB, d *Dynamic) []NodeInfo {
+	t.Helper()
+	nodes, err := d.Nodes(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return nodes
+}
+
+// order returns the node ids of d's round by group rank.
+func order(t testing.TB, d *Dynamic) []string {
+	t.Helper()
+	var ids []string
+	for _, n := range participants(t, d) {
+		ids = append(ids, n.ID)
+	}
+	return ids
+}
+
+// awaitChanged waits for the round of d to be superseded, at most within,
+// and returns how long it took and why.
+func awaitChanged(t testing.TB, d *Dynamic, within time.Duration) (time.Duration, string) {
+	t.Helper()
+	start := time.Now()
+	ri := d.Current()
+	select {
+	case <-ri.Changed():
+		return time.Since(start), ri.Reason()
+	case <-time.After(within):
+		t.Fatalf("%s: round %d not superseded within %v", d.opts.NodeID, ri.Number, within)
+		return 0, ""
+	}
+}
+
+// kill stops the heartbeats of d without leaving: the node is dead to the
+// others.
+func kill(d *Dynamic) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.stopWatchLocked()
+}
+
+func TestDynamicFirstRound(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		job := newTestJob(t, 2, 3)
+		nproc := map[string]int{"a": 2, "b": 1, "c": 4}
+		var nodes []*Dynamic
+		for _, name := range []string{"a", "b", "c"} {
+			nodes = append(nodes, job.node(name, func(o *DynamicOptions) { o.NProc = nproc[name] }))
+		}
+		start := time.Now()
+		results := startNext(nodes...)
+		for range nodes {
+			r := <-results
+			if r.err != nil {
+				t.Fatal(r.err)
+			}
+			ri := r.d.Current()
+			if r.round.GroupRank != ri.GroupRank || r.round.GroupWorldSize != 3 {
+				t.Errorf("%s: Round %+v, RoundInfo rank %d", r.d.opts.NodeID, r.round, ri.GroupRank)
+			}
+		}
+		// Max nodes completes a round at once: no last call.
+		if waited := time.Since(start); waited >= time.Second {
+			t.Errorf("a full round took %v", waited)
+		}
+		checkRound(t, nodes...)
+		ri := nodes[0].Current()
+		if ri.Number != 0 || ri.Restarts != 0 || ri.WorldSize != 7 {
+			t.Errorf("round %d, restarts %d, world size %d; want 0, 0, 7", ri.Number, ri.Restarts, ri.WorldSize)
+		}
+		first := 0
+		for _, n := range participants(t, nodes[0]) {
+			if n.NProc != nproc[n.ID] || n.FirstRank != first || n.Host != "host-"+n.ID {
+				t.Errorf("node %+v: want nproc %d, first rank %d", n, nproc[n.ID], first)
+			}
+			first += n.NProc
+		}
+	})
+}
+
+func TestDynamicRequestedRanks(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		job := newTestJob(t, 3, 3)
+		var nodes []*Dynamic
+		for name, rank := range map[string]int{"x": 2, "y": 0, "z": 1} {
+			nodes = append(nodes, job.node(name, func(o *DynamicOptions) { o.NodeRank = rank }))
+		}
+		nextAll(t, nodes...)
+		if got := order(t, nodes[0]); !slices.Equal(got, []string{"y", "z", "x"}) {
+			t.Errorf("group-rank order %v, want the requested [y z x]", got)
+		}
+	})
+}
+
+func TestDynamicLastCall(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		job := newTestJob(t, 2, 3)
+		nodes := job.nodes("a", "b")
+		start := time.Now()
+		nextAll(t, nodes...)
+		// Min nodes gives latecomers the last call, then starts.
+		waited := time.Since(start)
+		if waited < DefaultLastCallTimeout || waited > DefaultLastCallTimeout+hb {
+			t.Errorf("a round of min nodes started after %v, want the last call of %v", waited, DefaultLastCallTimeout)
+		}
+	})
+}
+
+func TestDynamicDeadNode(t *testing.T) {
+	for _, heartbeats := range []string{"shared", "own"} {
+		t.Run("heartbeat_store="+heartbeats, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				job := newTestJob(t, 2, 3)
+				var nodes []*Dynamic
+				for _, name := range []string{"a", "b", "c"} {
+					nodes = append(nodes, job.node(name, func(o *DynamicOptions) {
+						if heartbeats == "own" {
+							o.HeartbeatStore = job.store()
+						}
+					}))
+				}
+				a, b, c := nodes[0], nodes[1], nodes[2]
+				nextAll(t, a, b, c)
+				before := order(t, a)
+
+				kill(b)
+				killed := time.Now()
+				var seen []time.Duration
+				for _, d := range []*Dynamic{a, c} {
+					_, reason := awaitChanged(t, d, 10*hb)
+					seen = append(seen, time.Since(killed))
+					if want := "node b on host-b missed 3 heartbeats"; reason != want {
+						t.Errorf("%s: reason %q, want %q", d.opts.NodeID, reason, want)
+					}
+				}
+				t.Logf("a and c saw the death after %v", seen)
+				// The node before b declares it dead after 3 intervals without a
+				// change, of its clock, counted from the change it saw last
+				// (1 interval before or after the death, at its ticks). The
+				// others hear of it at once with their own heartbeat
+				// connection, else at their next tick.
+				spread := slices.Max(seen) - slices.Min(seen)
+				if slices.Min(seen) < 2*hb || slices.Max(seen) > 5*hb || heartbeats == "own" && spread != 0 {
+					t.Errorf("death seen after %v, want within 2-5 heartbeat intervals (at once by all with their own connection)", seen)
+				}
+
+				if r := nextAll(t, a, c); r != 1 {
+					t.Errorf("round %d after the death, want 1", r)
+				}
+				want := slices.DeleteFunc(before, func(id string) bool { return id == "b" })
+				if got := order(t, a); !slices.Equal(got, want) {
+					t.Errorf("order %v after b died, want %v (was %v)", got, want, before)
+				}
+				if got := a.Current().Restarts; got != 0 {
+					t.Errorf("a death spent %d restarts", got)
+				}
+			})
+		})
+	}
+}
+
+func TestDynamicNewNodeJoinsRunningJob(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		job := newTestJob(t, 2, 3)
+		a, b, c := job.node("a"), job.node("b"), job.node("c")
+		nextAll(t, a, b)
+		before := order(t, a)
+
+		late := startNext(c)
+		for _, d := range []*Dynamic{a, b} {
+			_, reason := awaitChanged(t, d, 2*hb)
+			if !strings.HasPrefix(reason, "node c on host-c waits to join") {
+				t.Errorf("%s: reason %q", d.opts.NodeID, reason)
+			}
+		}
+		results := startNext(a, b)
+		for range 3 {
+			var r nextResult
+			select {
+			case r = <-late:
+			case r = <-results:
+			}
+			if r.err != nil {
+				t.Fatal(r.err)
+			}
+		}
+		checkRound(t, a, b, c)
+		if got, want := order(t, a), append(before, "c"); !slices.Equal(got, want) {
+			t.Errorf("order %v, want %v", got, want)
+		}
+		if got := a.Current().Restarts; got != 0 {
+			t.Errorf("a new node spent %d restarts", got)
+		}
+	})
+}
+
+func TestDynamicSpare(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		job := newTestJob(t, 2, 3)
+		nodes := job.nodes("a", "b", "c", "d")
+		results := startNext(nodes...)
+		var running []*Dynamic
+		for range 3 {
+			r := <-results
+			if r.err != nil {
+				t.Fatal(r.err)
+			}
+			running = append(running, r.d)
+		}
+		checkRound(t, running...)
+		spare := slices.DeleteFunc(slices.Clone(nodes), func(d *Dynamic) bool { return slices.Contains(running, d) })[0]
+
+		// The spare does not disturb the round...
+		select {
+		case <-running[0].Current().Changed():
+			t.Fatalf("a spare superseded the round: %s", running[0].Current().Reason())
+		case <-time.After(10 * hb):
+		}
+		// ...and takes the place of a dead node.
+		dead := running[1]
+		kill(dead)
+		survivors := []*Dynamic{running[0], running[2]}
+		for _, d := range survivors {
+			awaitChanged(t, d, 10*hb)
+		}
+		rejoined := startNext(survivors...)
+		for _, ch := range []<-chan nextResult{results, rejoined, rejoined} {
+			if r := <-ch; r.err != nil {
+				t.Fatal(r.err)
+			}
+		}
+		checkRound(t, append(survivors, spare)...)
+		ri := spare.Current()
+		if ri.Number != 1 || ri.Restarts != 0 || ri.GroupRank != 2 {
+			t.Errorf("spare in round %d, restarts %d, group rank %d; want 1, 0, 2 (the newcomer last)", ri.Number, ri.Restarts, ri.GroupRank)
+		}
+	})
+}
+
+func TestDynamicFailSpendsGlobalBudget(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		job := newTestJob(t, 2, 2)
+		job.opts.MaxRestarts = 1
+		a, b := job.node("a"), job.node("b")
+		nextAll(t, a, b)
+
+		if restart, err := a.Fail(context.Background(), []byte(`{"node":"a"}`+"\n")); err != nil || !restart {
+			t.Fatalf("first Fail = %v, %v; want a restart", restart, err)
+		}
+		for _, d := range []*Dynamic{a, b} {
+			if _, reason := awaitChanged(t, d, 2*hb); reason != "node a on host-a failed: restart 1 of 1" {
+				t.Errorf("%s: reason %q", d.opts.NodeID, reason)
+			}
+		}
+		nextAll(t, a, b)
+		if got := b.Current().Restarts; got != 1 {
+			t.Errorf("round after a failure: restarts %d, want 1", got)
+		}
+
+		if restart, err := b.Fail(context.Background(), []byte(`{"node":"b"}`)); err != nil || restart {
+			t.Fatalf("second Fail = %v, %v; want the job failed", restart, err)
+		}
+		for _, d := range []*Dynamic{a, b} {
+			_, reason := awaitChanged(t, d, 2*hb)
+			if !strings.Contains(reason, "restart budget of 1 spent") {
+				t.Errorf("%s: reason %q", d.opts.NodeID, reason)
+			}
+			_, err := d.Next(context.Background())
+			if !errors.Is(err, ErrJobFailed) {
+				t.Errorf("%s: Next after the job failed: %v", d.opts.NodeID, err)
+			}
+		}
+		reports, err := a.Failures(context.Background())
+		if err != nil || len(reports) != 2 || string(reports[0]) != `{"node":"a"}` || string(reports[1]) != `{"node":"b"}` {
+			t.Errorf("Failures = %q, %v", reports, err)
+		}
+	})
+}
+
+func TestDynamicFailuresInOneRoundSpendOneRestart(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		job := newTestJob(t, 3, 3)
+		job.opts.MaxRestarts = 5
+		nodes := job.nodes("a", "b", "c")
+		nextAll(t, nodes...)
+		var wg sync.WaitGroup
+		for _, d := range nodes {
+			wg.Go(func() {
+				if restart, err := d.Fail(context.Background(), []byte(`{}`)); err != nil || !restart {
+					t.Errorf("%s: Fail = %v, %v", d.opts.NodeID, restart, err)
+				}
+			})
+		}
+		wg.Wait()
+		nextAll(t, nodes...)
+		if got := nodes[0].Current().Restarts; got != 1 {
+			t.Errorf("three failures in one round spent %d restarts, want 1", got)
+		}
+	})
+}
+
+func TestDynamicDone(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		job := newTestJob(t, 3, 3)
+		nodes := job.nodes("a", "b", "c")
+		nextAll(t, nodes...)
+		var wg sync.WaitGroup
+		for _, d := range nodes {
+			wg.Go(func() {
+				if err := d.Done(context.Background(), time.Minute); err != nil {
+					t.Errorf("%s: Done: %v", d.opts.NodeID, err)
+				}
+			})
+		}
+		wg.Wait()
+		// Success ends the job: a spare or a late node goes home.
+		_, err := job.node("late").Next(context.Background())
+		if !errors.Is(err, ErrJobEnded) {
+			t.Errorf("Next after success: %v", err)
+		}
+	})
+}
+
+func TestDynamicDoneRacingFail(t *testing.T) {
+	for _, tc := range []struct {
+		maxRestarts int
+		want        error
+	}{
+		{1, ErrRoundChanged},
+		{0, ErrJobFailed},
+	} {
+		t.Run(fmt.Sprintf("max_restarts=%d", tc.maxRestarts), func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				job := newTestJob(t, 2, 2)
+				job.opts.MaxRestarts = tc.maxRestarts
+				a, b := job.node("a"), job.node("b")
+				nextAll(t, a, b)
+				done := make(chan error)
+				go func() { done <- a.Done(context.Background(), 0) }()
+				synctest.Wait() // a is in the barrier
+				if _, err := b.Fail(context.Background(), []byte(`{}`)); err != nil {
+					t.Fatal(err)
+				}
+				if err := <-done; !errors.Is(err, tc.want) {
+					t.Errorf("Done = %v, want %v", err, tc.want)
+				}
+			})
+		})
+	}
+}
+
+func TestDynamicDoneTimeout(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		job := newTestJob(t, 2, 2)
+		a, b := job.node("a"), job.node("b")
+		nextAll(t, a, b)
+		err := a.Done(context.Background(), time.Minute)
+		if want := "rendezvous: exit barrier timeout after 1m0s: 1 of 2 nodes finished round 0"; err == nil || err.Error() != want {
+			t.Errorf("Done = %v, want %q", err, want)
+		}
+	})
+}
+
+func TestDynamicJoinTimeout(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		job := newTestJob(t, 2, 3)
+		start := time.Now()
+		_, err := job.node("a").Next(context.Background())
+		if want := "rendezvous: join timeout after 10m0s: 1 of min 2 nodes joined round 0"; err == nil || err.Error() != want {
+			t.Fatalf("Next = %v, want %q", err, want)
+		}
+		if !errors.Is(err, ErrJoinTimeout) {
+			t.Errorf("%v is not ErrJoinTimeout", err)
+		}
+		if waited := time.Since(start); waited != DefaultJoinTimeout {
+			t.Errorf("gave up after %v", waited)
+		}
+		// The node withdrew: the round it left does not hold a place for it.
+		b, c := job.node("b"), job.node("c")
+		nextAll(t, b, c)
+		if n := b.Current().Number; n != 1 {
+			t.Errorf("the next nodes met in round %d, want 1 (round 0 was voided)", n)
+		}
+	})
+}
+
+func TestDynamicSurvivorBelowMinTimesOut(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		job := newTestJob(t, 2, 2)
+		a, b := job.node("a"), job.node("b")
+		nextAll(t, a, b)
+		kill(b)
+		awaitChanged(t, a, 10*hb)
+		_, err := a.Next(context.Background())
+		if want := "rendezvous: join timeout after 10m0s: 1 of min 2 nodes joined round 1"; err == nil || err.Error() != want {
+			t.Errorf("Next = %v, want %q", err, want)
+		}
+	})
+}
+
+func TestDynamicNextAgainOpensNewRound(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		job := newTestJob(t, 2, 2)
+		a, b := job.node("a"), job.node("b")
+		nextAll(t, a, b)
+		again := startNext(a)
+		if _, reason := awaitChanged(t, b, 2*hb); reason != "node a on host-a asked for a new round" {
+			t.Errorf("reason %q", reason)
+		}
+		if r := <-startNext(b); r.err != nil {
+			t.Fatal(r.err)
+		}
+		if r := <-again; r.err != nil {
+			t.Fatal(r.err)
+		}
+		if n := checkRound(t, a, b); n != 1 {
+			t.Errorf("round %d, want 1", n)
+		}
+	})
+}
+
+func TestDynamicCloseLeavesShutdownEnds(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		job := newTestJob(t, 2, 3)
+		a, b, c := job.node("a"), job.node("b"), job.node("c")
+		nextAll(t, a, b, c)
+
+		// Ctrl-C on c: the others go on without it, told at their next tick.
+		if err := c.Close(); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := c.Next(context.Background()); !errors.Is(err, ErrHandlerClosed) {
+			t.Errorf("Next after Close: %v", err)
+		}
+		for _, d := range []*Dynamic{a, b} {
+			took, reason := awaitChanged(t, d, 2*hb)
+			if reason != "node c on host-c left" || took > hb {
+				t.Errorf("%s: reason %q after %v, want c's leaving within a heartbeat", d.opts.NodeID, reason, took)
+			}
+		}
+		nextAll(t, a, b)
+
+		// A deliberate end closes the rendezvous for all.
+		if err := a.Shutdown(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+		if _, reason := awaitChanged(t, b, 2*hb); reason != "job ended: node a on host-a shut it down" {
+			t.Errorf("reason %q", reason)
+		}
+		for _, d := range []*Dynamic{b, job.node("d")} {
+			_, err := d.Next(context.Background())
+			if want := "rendezvous: job job has ended"; err == nil || err.Error() != want || !errors.Is(err, ErrJobEnded) {
+				t.Errorf("%s: Next = %v, want %q", d.opts.NodeID, err, want)
+			}
+		}
+	})
+}
+
+func TestDynamicCloseDuringJoin(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		job := newTestJob(t, 2, 2)
+		a := job.node("a")
+		waiting := startNext(a)
+		synctest.Wait() // a has joined round 0 and waits
+		if err := a.Close(); err != nil {
+			t.Fatal(err)
+		}
+		if r := <-waiting; !errors.Is(r.err, ErrHandlerClosed) {
+			t.Errorf("Next interrupted by Close: %v", r.err)
+		}
+		// a withdrew, so b and c do not start a round with a ghost.
+		b, c := job.node("b"), job.node("c")
+		nextAll(t, b, c)
+		if ids := order(t, b); slices.Contains(ids, "a") {
+			t.Errorf("round %d includes the node that left: %v", b.Current().Number, ids)
+		}
+	})
+}
+
+func TestDynamicSpareReleasedByShutdown(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		job := newTestJob(t, 1, 1)
+		a, spare := job.node("a"), job.node("spare")
+		nextAll(t, a)
+		waiting := startNext(spare)
+		synctest.Wait()
+		if err := a.Shutdown(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+		if r := <-waiting; !errors.Is(r.err, ErrJobEnded) {
+			t.Errorf("spare's Next = %v, want ErrJobEnded", r.err)
+		}
+	})
+}
+
+func TestDynamicLostStore(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		job := newTestJob(t, 2, 2)
+		mem := NewMemoryStore(0)
+		job.store = func() Store { return NewPrefixStore("", mem) }
+		a, b := job.node("a"), job.node("b")
+		nextAll(t, a, b)
+		mem.Close()
+		for _, d := range []*Dynamic{a, b} {
+			took, reason := awaitChanged(t, d, 10*hb)
+			if !strings.HasPrefix(reason, "lost the rendezvous store: ") || took > 4*hb {
+				t.Errorf("%s: reason %q after %v", d.opts.NodeID, reason, took)
+			}
+		}
+	})
+}
+
+func TestRoster(t *testing.T) {
+	ds := []descriptor{
+		{ID: "new", NProc: 1, Rank: -1, Since: [2]int{3, 0}},
+		{ID: "old", NProc: 8, Rank: -1, Since: [2]int{0, 5}},
+		{ID: "older", NProc: 2, Rank: -1, Since: [2]int{0, 1}},
+	}
+	nodes, rankOf := roster(ds)
+	var got []string
+	for _, n := range nodes {
+		got = append(got, fmt.Sprintf("%s:%d:%d", n.ID, n.GroupRank, n.FirstRank))
+	}
+	if want := []string{"older:0:0", "old:1:2", "new:2:10"}; !slices.Equal(got, want) {
+		t.Errorf("roster %v, want %v", got, want)
+	}
+	if !slices.Equal(rankOf, []int{2, 1, 0}) {
+		t.Errorf("rankOf %v", rankOf)
+	}
+}
+
+func TestJobStateRoundTrip(t *testing.T) {
+	for _, s := range []jobState{{}, {round: 7, restarts: 2}, {round: 8, restarts: 2, end: failed}, {round: 3, end: ended}} {
+		got, err := parseJobState(s.bytes())
+		if err != nil || got != s {
+			t.Errorf("parse(%q) = %+v, %v", s, got, err)
+		}
+	}
+	for _, bad := range []string{"", "1", "1 x", "1 2 maybe", "1 2 3 4"} {
+		if _, err := parseJobState([]byte(bad)); err == nil {
+			t.Errorf("parse(%q) succeeded", bad)
+		}
+	}
+}
+
+// TestDynamicOverTCP runs a job over our server with real clients, real
+// time and short heartbeats: a death noticed, a new round, success.
+func TestDynamicOverTCP(t *testing.T) {
+	job := tcpJob(t, 2, 3)
+	job.opts.HeartbeatInterval = 50 * time.Millisecond
+	job.opts.LastCallTimeout = 100 * time.Millisecond
+	a, b, c := job.node("a"), job.node("b"), job.node("c")
+	nextAll(t, a, b, c)
+	kill(b)
+	for _, d := range []*Dynamic{a, c} {
+		took, reason := awaitChanged(t, d, testTimeout)
+		t.Logf("%s saw %q after %v", d.opts.NodeID, reason, took)
+	}
+	nextAll(t, a, c)
+	var wg sync.WaitGroup
+	for _, d := range []*Dynamic{a, c} {
+		wg.Go(func() {
+			if err := d.Done(context.Background(), testTimeout); err != nil {
+				t.Errorf("%s: Done: %v", d.opts.NodeID, err)
+			}
+		})
+	}
+	wg.Wait()
+}
+
+// TestDynamicJoinScale is the default-size run of BenchmarkDynamicJoin.
+func TestDynamicJoinScale(t *testing.T) {
+	for _, store := range []string{"memory", "tcp"} {
+		t.Run("store="+store, func(t *testing.T) {
+			took, requests := joinAtScale(t, store, 32, "scale")
+			t.Logf("32 nodes met in %v with %.1f store requests per node", took, requests)
+		})
+	}
+}
+
+// BenchmarkDynamicJoin measures one round of n nodes, all joining at once
+// (min = max = n, so no last call) against one store: in process, and over
+// TCP with a connection per node. Each iteration is a new job.
+//
+//	go test -run x -bench DynamicJoin -benchtime 5x ./rendezvous/
+func BenchmarkDynamicJoin(b *testing.B) {
+	for _, store := range []string{"memory", "tcp"} {
+		for _, n := range []int{50, 100, 200} {
+			b.Run(fmt.Sprintf("store=%s/nodes=%d", store, n), func(b *testing.B) {
+				var total time.Duration
+				var requests float64
+				for i := range b.N {
+					took, reqs := joinAtScale(b, store, n, fmt.Sprintf("bench-%d", i))
+					total += took
+					requests += reqs
+				}
+				b.ReportMetric(total.Seconds()*1e3/float64(b.N), "ms/round")
+				b.ReportMetric(requests/float64(b.N), "requests/node")
+				b.ReportMetric(0, "ns/op") // meaningless here: setup dominates
+			})
+		}
+	}
+}
+
+// joinAtScale has n nodes of job runID meet once and returns how long the
+// rendezvous took and how many store requests each node made, on average.
+func joinAtScale(tb testing.TB, store string, n int, runID string) (time.Duration, float64) {
+	job := newTestJob(tb, n, n)
+	if store == "tcp" {
+		job = tcpJob(tb, n, n)
+	}
+	job.opts.RunID = runID
+	job.opts.Logger = zerolog.Nop()
+	job.opts.HeartbeatInterval = time.Minute // quiet: joins only
+	var requests countingStore
+	stores := job.store
+	job.store = func() Store { return &countingStore{Store: stores(), n: &requests.calls} }
+	nodes := make([]*Dynamic, n)
+	for i := range nodes {
+		nodes[i] = job.node(fmt.Sprintf("n%03d", i))
+	}
+	start := time.Now()
+	results := startNext(nodes...)
+	for range nodes {
+		if r := <-results; r.err != nil {
+			tb.Fatalf("%s: Next: %v", r.d.opts.NodeID, r.err)
+		}
+	}
+	took := time.Since(start)
+	checkRound(tb, nodes...)
+	return took, float64(requests.calls.Load()) / float64(n)
+}
+
+// countingStore counts the requests made through it.
+type countingStore struct {
+	Store
+	n     *atomic.Int64
+	calls atomic.Int64
+}
+
+func (c *countingStore) count() { c.n.Add(1) }
+
+func (c *countingStore) Set(ctx context.Context, key string, value []byte) error {
+	c.count()
+	return c.Store.Set(ctx, key, value)
+}
+
+func (c *countingStore) Get(ctx context.Context, key string) ([]byte, error) {
+	c.count()
+	return c.Store.Get(ctx, key)
+}
+
+func (c *countingStore) Add(ctx context.Context, key string, delta int64) (int64, error) {
+	c.count()
+	return c.Store.Add(ctx, key, delta)
+}
+
+func (c *countingStore) CompareSet(ctx context.Context, key string, expected, desired []byte) ([]byte, error) {
+	c.count()
+	return c.Store.CompareSet(ctx, key, expected, desired)
+}
+
+func (c *countingStore) MultiGet(ctx context.Context, keys []string) ([][]byte, error) {
+	c.count()
+	return c.Store.MultiGet(ctx, keys)
+}
