@@ -4,7 +4,7 @@ BIN         := bin
 STATICCHECK := honnef.co/go/tools/cmd/staticcheck@v0.8.2
 FUZZTIME    ?= 15s
 
-.PHONY: all build run test fuzz lint bench clean
+.PHONY: all build run test fuzz lint bench bench-compare clean
 
 all: build
 
@@ -32,6 +32,11 @@ lint:
 
 bench:
 	$(GO) test -run '^$$' -bench . -benchtime 2000x ./rendezvous/
+
+# gorun against torch gloo and OpenMPI, side by side (needs python3-torch,
+# python3-mpi4py and openmpi-bin).
+bench-compare: build
+	/usr/bin/python3 bench/compare.py --rounds 3
 
 clean:
 	rm -rf $(BIN)
