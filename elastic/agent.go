@@ -2,6 +2,7 @@ package elastic
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -50,63 +51,114 @@ func NewAgent(spec Spec, opts Options) *Agent {
 	return &Agent{spec: spec, opts: opts, log: opts.Logger, now: now}
 }
 
-// Run rendezvouses, starts the workers and supervises them, restarting the
-// group after a failure while the restart budget lasts. It returns the
-// job's result on this node; an error means the agent itself failed (for
-// example the rendezvous), not the workers.
+// Run rendezvouses, starts the workers and supervises them until the job
+// ends: after a failure the group restarts while the restart budget lasts,
+// and with the dynamic rendezvous it also restarts, without spending the
+// budget, whenever the job's nodes change. It returns the job's result on
+// this node; an error means the agent itself failed (for example the
+// rendezvous), not the workers.
 func (a *Agent) Run(ctx context.Context) (*Result, error) {
-	defer a.opts.Rendezvous.Close()
-	round, err := a.opts.Rendezvous.Next(ctx)
-	if err != nil {
-		return nil, err
-	}
-	rk, err := assignRanks(ctx, round.Store, round.GroupRank, round.GroupWorldSize, a.spec.Role, a.spec.NProcPerNode)
-	if err != nil {
-		return nil, fmt.Errorf("elastic: assign ranks: %w", err)
-	}
+	m := a.membership()
+	defer m.close()
 	logs, err := newLogRoot(a.spec)
 	if err != nil {
 		return nil, err
 	}
 	defer logs.cleanup(a.log)
-	a.log.Info().Int("node_rank", rk.GroupRank).Int("nodes", rk.GroupWorldSize).
-		Int("world_size", rk.WorldSize).Int("nproc_per_node", a.spec.NProcPerNode).
-		Str("run_id", a.spec.RunID).Msg("rendezvous complete")
 
-	for restart := 0; ; restart++ {
-		master, err := a.workerStore(ctx, round, restart)
-		if err != nil {
-			return nil, err
-		}
-		att, err := a.startAttempt(rk, restart, master, logs)
-		if err != nil {
-			return nil, err
-		}
-		out := a.watch(ctx, att)
-		att.closeOutput()
+	for attempt := 0; ; attempt++ {
+		r, err := m.next(ctx)
 		switch {
+		case errors.Is(err, rendezvous.ErrJobFailed):
+			return a.jobFailed(ctx, m, attempt)
+		case errors.Is(err, rendezvous.ErrJobEnded):
+			a.log.Info().Msg("the job ended before this node got a place")
+			return &Result{}, nil
+		case err != nil:
+			return nil, err
+		}
+		a.log.Info().Int("round", r.number).Int("node_rank", r.ranks.GroupRank).Int("nodes", r.ranks.GroupWorldSize).
+			Int("world_size", r.ranks.WorldSize).Int("nproc_per_node", a.spec.NProcPerNode).
+			Int("restarts", r.restarts).Str("run_id", a.spec.RunID).Msg("rendezvous complete")
+
+		out, err := a.runRound(ctx, r, attempt, logs)
+		switch {
+		case err != nil:
+			return nil, err
 		case out.signal != 0:
 			name := signalName(out.signal)
 			a.log.Warn().Str("signal", name).Msg("stopped the workers on a signal")
-			return &Result{ExitCode: 128 + int(out.signal), Restarts: restart, Interrupted: name}, nil
+			return &Result{ExitCode: 128 + int(out.signal), Restarts: r.restarts, Interrupted: name}, nil
 		case out.err != nil:
 			return nil, out.err
-		case len(out.failures) == 0:
-			if err := exitBarrier(ctx, round, a.spec.StoreTimeout); err != nil {
-				a.log.Warn().Err(err).Msg("exit barrier")
-			}
-			a.log.Info().Int("restarts", restart).Msg("all workers succeeded")
-			return &Result{Restarts: restart}, nil
-		case restart < a.spec.MaxRestarts:
+		case out.changed:
+			a.log.Warn().Str("reason", r.reason()).Msg("the job's round changed; stopped the workers to rejoin")
+		case len(out.failures) > 0:
 			sortRootCauseFirst(out.failures)
+			restart, err := m.fail(ctx, out.failures)
+			if err != nil && !errors.Is(err, rendezvous.ErrJobFailed) {
+				return nil, fmt.Errorf("elastic: report the failure: %w", err)
+			}
+			if !restart {
+				return a.jobFailed(ctx, m, r.restarts)
+			}
 			f := out.failures[0]
 			a.log.Warn().Int("rank", f.Rank).Str("status", f.Exit.String()).
-				Msgf("worker group failed; restarting (%d/%d)", restart+1, a.spec.MaxRestarts)
+				Msgf("worker group failed; restarting (%d/%d)", r.restarts+1, a.spec.MaxRestarts)
 		default:
-			sortRootCauseFirst(out.failures)
-			return &Result{Failures: out.failures, ExitCode: out.failures[0].ExitCode, Restarts: restart}, nil
+			err := m.done(ctx)
+			switch {
+			case errors.Is(err, rendezvous.ErrRoundChanged):
+				a.log.Warn().Str("reason", r.reason()).Msg("another node's round changed after this one finished; running again")
+				continue
+			case errors.Is(err, rendezvous.ErrJobFailed):
+				return a.jobFailed(ctx, m, r.restarts)
+			case err != nil:
+				a.log.Warn().Err(err).Msg("exit barrier")
+			}
+			a.log.Info().Int("restarts", r.restarts).Msg("all workers succeeded")
+			return &Result{Restarts: r.restarts}, nil
 		}
 	}
+}
+
+// membership wraps the rendezvous handler the agent was given.
+func (a *Agent) membership() membership {
+	if d, ok := a.opts.Rendezvous.(*rendezvous.Dynamic); ok {
+		return &dynamicMembership{d: d, exitTimeout: a.spec.ExitBarrierTimeout}
+	}
+	return newStaticMembership(a.opts.Rendezvous, &a.spec)
+}
+
+// jobFailed ends the job with the failures every node reported, root
+// cause first, and its exit status.
+func (a *Agent) jobFailed(ctx context.Context, m membership, restarts int) (*Result, error) {
+	fs, err := m.failures(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("elastic: read the job's failures: %w", err)
+	}
+	if len(fs) == 0 {
+		return nil, errors.New("elastic: the job failed without a failure report")
+	}
+	sortRootCauseFirst(fs)
+	return &Result{Failures: fs, ExitCode: fs[0].ExitCode, Restarts: restarts}, nil
+}
+
+// runRound starts this node's workers for round r and supervises them
+// until they end or the round changes.
+func (a *Agent) runRound(ctx context.Context, r *round, attempt int, logs *logRoot) (outcome, error) {
+	master, release, err := a.workerStore(ctx, r, attempt)
+	if err != nil {
+		return outcome{}, err
+	}
+	defer release()
+	att, err := a.startAttempt(r.ranks, r.restarts, attempt, master, logs)
+	if err != nil {
+		return outcome{}, err
+	}
+	out := a.watch(ctx, att, r.changed)
+	att.closeOutput()
+	return out, nil
 }
 
 // workerEndpoint is the store that workers bootstrap through.
@@ -116,32 +168,61 @@ type workerEndpoint struct {
 	agentStore bool
 }
 
-// workerStore tells where this attempt's workers meet. In agent-store mode
-// it is the rendezvous store itself; otherwise node 0 picks a free port for
-// worker rank 0 to host a store on, and publishes it to the other nodes.
-func (a *Agent) workerStore(ctx context.Context, round *rendezvous.Round, restart int) (workerEndpoint, error) {
-	if a.spec.ShareStore {
-		return workerEndpoint{host: round.StoreHost, port: round.StorePort, agentStore: true}, nil
+// workerStore tells where this attempt's workers meet. With the static
+// rendezvous, in agent-store mode, that is the rendezvous store itself
+// (workers keep attempts apart by their restart count). With the dynamic
+// one, group rank 0 hosts a fresh store for every round, so that no key of
+// an earlier round leaks into the next even when the restart count stays
+// the same. Otherwise group rank 0 picks a free port for worker rank 0 to
+// host a store on. Non-zero group ranks learn the endpoint from the round's
+// store. release stops a store this agent hosts.
+func (a *Agent) workerStore(ctx context.Context, r *round, attempt int) (workerEndpoint, func(), error) {
+	nothing := func() {}
+	if a.spec.ShareStore && r.agentStore != nil {
+		return workerEndpoint{host: r.agentStore.host, port: r.agentStore.port, agentStore: true}, nothing, nil
 	}
-	key := "gorun/worker_master/" + strconv.Itoa(restart)
-	if round.GroupRank == 0 {
-		port, err := freePort(round.StoreHost)
+	key := "gorun/worker_store/" + strconv.Itoa(attempt)
+	release := nothing
+	if r.ranks.GroupRank == 0 {
+		host := r.storeHost
+		var port int
+		var err error
+		if a.spec.ShareStore {
+			port, release, err = a.hostWorkerStore(host)
+		} else {
+			port, err = freePort(host)
+		}
 		if err != nil {
-			return workerEndpoint{}, fmt.Errorf("elastic: pick a port for worker rank 0: %w", err)
+			return workerEndpoint{}, nil, fmt.Errorf("elastic: a store for the workers on %s: %w", host, err)
 		}
-		if err := round.Store.Set(ctx, key, []byte(strconv.Itoa(port))); err != nil {
-			return workerEndpoint{}, fmt.Errorf("elastic: publish worker store port: %w", err)
+		if err := r.store.Set(ctx, key, []byte(net.JoinHostPort(host, strconv.Itoa(port)))); err != nil {
+			release()
+			return workerEndpoint{}, nil, fmt.Errorf("elastic: publish the workers' store: %w", err)
 		}
 	}
-	v, err := round.Store.Get(ctx, key)
+	v, err := r.store.Get(ctx, key)
 	if err != nil {
-		return workerEndpoint{}, fmt.Errorf("elastic: read worker store port: %w", err)
+		release()
+		return workerEndpoint{}, nil, fmt.Errorf("elastic: read the workers' store: %w", err)
 	}
-	port, err := strconv.Atoi(string(v))
+	host, portText, err := net.SplitHostPort(string(v))
+	port, perr := strconv.Atoi(portText)
+	if err != nil || perr != nil {
+		release()
+		return workerEndpoint{}, nil, fmt.Errorf("elastic: the workers' store %q is not host:port", v)
+	}
+	return workerEndpoint{host: host, port: port, agentStore: a.spec.ShareStore}, release, nil
+}
+
+// hostWorkerStore serves a new store on an ephemeral port of host.
+func (a *Agent) hostWorkerStore(host string) (int, func(), error) {
+	l, err := net.Listen("tcp", net.JoinHostPort(host, "0"))
 	if err != nil {
-		return workerEndpoint{}, fmt.Errorf("elastic: worker store port %q: %w", v, err)
+		return 0, nil, err
 	}
-	return workerEndpoint{host: round.StoreHost, port: port}, nil
+	srv := rendezvous.NewServer(rendezvous.ServerOptions{Logger: a.log})
+	go srv.Serve(l)
+	return l.Addr().(*net.TCPAddr).Port, func() { srv.Close() }, nil
 }
 
 // freePort asks the kernel for a port that is free on host right now.
@@ -158,13 +239,14 @@ func freePort(host string) (int, error) {
 type outcome struct {
 	failures []Failure
 	signal   syscall.Signal
+	changed  bool // the round changed under the workers
 	err      error
 }
 
 // watch supervises one attempt until every worker has been reaped. The
 // first failure stops the others; so does a signal, which is forwarded
 // first. Exits that follow a stop are its consequence, not failures.
-func (a *Agent) watch(ctx context.Context, att *attempt) outcome {
+func (a *Agent) watch(ctx context.Context, att *attempt, changed <-chan struct{}) outcome {
 	var out outcome
 	stopping, stopped := false, make(chan struct{})
 	stop := func(sig syscall.Signal) {
@@ -201,6 +283,12 @@ func (a *Agent) watch(ctx context.Context, att *attempt) outcome {
 				_ = att.group.Signal(sig)
 			}
 			stop(sig)
+		case <-changed:
+			changed = nil
+			if !stopping {
+				out.changed = true
+				stop(syscall.SIGTERM)
+			}
 		case <-done:
 			done = nil
 			out.err = ctx.Err()
@@ -211,28 +299,6 @@ func (a *Agent) watch(ctx context.Context, att *attempt) outcome {
 		<-stopped
 	}
 	return out
-}
-
-// exitBarrier keeps this node's agent (and the store it may host) alive
-// until every node's workers have finished, so no node loses the store
-// while another still needs it.
-func exitBarrier(ctx context.Context, round *rendezvous.Round, timeout time.Duration) error {
-	if round.GroupWorldSize <= 1 {
-		return nil
-	}
-	ctx, cancel := context.WithTimeout(ctx, timeout)
-	defer cancel()
-	const prefix = "torchelastic/agent/terminal_state/"
-	n, err := round.Store.Add(ctx, prefix+"num_members", 1)
-	if err != nil {
-		return err
-	}
-	if int(n) == round.GroupWorldSize {
-		if err := round.Store.Set(ctx, prefix+"last_member", []byte("<val_ignored>")); err != nil {
-			return err
-		}
-	}
-	return round.Store.Wait(ctx, []string{prefix + "last_member"})
 }
 
 func signalName(sig syscall.Signal) string {

@@ -20,9 +20,11 @@ type attempt struct {
 	closers    []io.Closer
 }
 
-// startAttempt builds every worker's environment and output sinks for the
-// given restart count and starts the group.
-func (a *Agent) startAttempt(rk ranks, restart int, master workerEndpoint, logs *logRoot) (*attempt, error) {
+// startAttempt builds every worker's environment and output sinks and
+// starts the group: restart is the job's restart count, number counts
+// this node's starts (membership changes included) and names the log
+// folder.
+func (a *Agent) startAttempt(rk ranks, restart, number int, master workerEndpoint, logs *logRoot) (*attempt, error) {
 	s := a.spec
 	att := &attempt{errorFiles: make(map[int]string, s.NProcPerNode)}
 	stdout := launcher.NewConsole(a.opts.Stdout, launcher.ConsoleOptions{Timestamps: s.Timestamps, Now: a.now})
@@ -30,7 +32,7 @@ func (a *Agent) startAttempt(rk ranks, restart int, master workerEndpoint, logs 
 	specs := make([]launcher.WorkerSpec, s.NProcPerNode)
 	for lr := range specs {
 		rank := rk.BaseRank + lr
-		dir, outPath, errPath, errorFile := launcher.LogPaths(logs.dir, s.RunID, restart, lr)
+		dir, outPath, errPath, errorFile := launcher.LogPaths(logs.dir, s.RunID, number, lr)
 		if err := resetDir(dir); err != nil {
 			att.closeOutput()
 			return nil, fmt.Errorf("elastic: log folder of local rank %d: %w", lr, err)
@@ -80,7 +82,7 @@ func (a *Agent) startAttempt(rk ranks, restart int, master workerEndpoint, logs 
 		return nil, err
 	}
 	att.group = group
-	a.log.Info().Int("restart", restart).Ints("pids", group.Pids()).Msgf("started %d workers", len(specs))
+	a.log.Info().Int("restart", restart).Int("attempt", number).Ints("pids", group.Pids()).Msgf("started %d workers", len(specs))
 	return att, nil
 }
 

@@ -1,10 +1,12 @@
 package elastic
 
 import (
+	"encoding/json"
 	"fmt"
 	"io"
 	"sort"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/gorun/gorun/launcher"
@@ -104,4 +106,58 @@ func exitStatus(e launcher.Exit) string {
 
 func indentContinuation(s, indent string) string {
 	return strings.ReplaceAll(strings.TrimRight(s, "\n"), "\n", "\n"+indent)
+}
+
+// failureRecord is a Failure as agents exchange it through the store, so
+// that every node can report the failures of all.
+type failureRecord struct {
+	Host      string    `json:"host"`
+	Rank      int       `json:"rank"`
+	LocalRank int       `json:"local_rank"`
+	Pid       int       `json:"pid"`
+	ExitCode  int       `json:"exit_code"`
+	Signal    int       `json:"signal,omitempty"`
+	Time      time.Time `json:"time"`
+	ErrorFile string    `json:"error_file,omitempty"`
+	Message   string    `json:"message,omitempty"`
+	Traceback string    `json:"traceback,omitempty"`
+	ErrorTime time.Time `json:"error_time,omitzero"`
+}
+
+// encodeFailures renders fs as one line of JSON.
+func encodeFailures(fs []Failure) []byte {
+	records := make([]failureRecord, len(fs))
+	for i, f := range fs {
+		r := failureRecord{
+			Host: f.Host, Rank: f.Rank, LocalRank: f.LocalRank, Pid: f.Pid,
+			ExitCode: f.ExitCode, Signal: int(f.Signal), Time: f.Time, ErrorFile: f.ErrorFile,
+		}
+		if f.Error != nil {
+			r.Message, r.Traceback, r.ErrorTime = f.Error.Message, f.Error.Traceback, f.Error.Timestamp
+		}
+		records[i] = r
+	}
+	b, _ := json.Marshal(records) // plain data: cannot fail
+	return b
+}
+
+func decodeFailures(b []byte) ([]Failure, error) {
+	var records []failureRecord
+	if err := json.Unmarshal(b, &records); err != nil {
+		return nil, fmt.Errorf("elastic: failure report %q: %w", b, err)
+	}
+	fs := make([]Failure, len(records))
+	for i, r := range records {
+		fs[i] = Failure{
+			Exit: launcher.Exit{
+				LocalRank: r.LocalRank, Rank: r.Rank, Pid: r.Pid,
+				ExitCode: r.ExitCode, Signal: syscall.Signal(r.Signal), Time: r.Time,
+			},
+			Host: r.Host, ErrorFile: r.ErrorFile,
+		}
+		if r.Message != "" || r.Traceback != "" || !r.ErrorTime.IsZero() {
+			fs[i].Error = &launcher.ErrorInfo{Message: r.Message, Traceback: r.Traceback, Timestamp: r.ErrorTime}
+		}
+	}
+	return fs, nil
 }

@@ -39,6 +39,9 @@ type Spec struct {
 	ShareStore bool
 	// StoreTimeout bounds waits on the rendezvous store.
 	StoreTimeout time.Duration
+	// ExitBarrierTimeout bounds how long a node whose workers finished
+	// waits for the others (dynamic rendezvous).
+	ExitBarrierTimeout time.Duration
 
 	MaxRestarts      int
 	MonitorInterval  time.Duration

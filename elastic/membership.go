@@ -1,0 +1,187 @@
+package elastic
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/gorun/gorun/rendezvous"
+)
+
+// membership is what the agent needs from a rendezvous: rounds to run the
+// workers in, a say on restarts, and an exit barrier. The static
+// rendezvous has one round and a budget of this node's own; the dynamic
+// one has rounds that change with the nodes and a budget the job shares.
+type membership interface {
+	// next joins the next round.
+	next(ctx context.Context) (*round, error)
+	// fail reports this node's failures in the current round and tells
+	// whether the job restarts.
+	fail(ctx context.Context, failures []Failure) (restart bool, err error)
+	// failures returns every failure the job reported, on every node.
+	failures(ctx context.Context) ([]Failure, error)
+	// done is the exit barrier once this node's workers succeeded; it
+	// returns rendezvous.ErrRoundChanged when the job must run again.
+	done(ctx context.Context) error
+	// close leaves the rendezvous; shutdown ends the job for everyone.
+	close() error
+	shutdown(ctx context.Context) error
+}
+
+// round is one placement of this node's workers in the job.
+type round struct {
+	store    rendezvous.Store // the round's store, shared by its agents
+	number   int
+	restarts int // TORCHELASTIC_RESTART_COUNT
+	ranks    ranks
+	// storeHost is where this node's group rank 0 is reached.
+	storeHost string
+	// agentStore is the store workers join in agent-store mode, when the
+	// rendezvous provides one (static); nil means group rank 0 hosts a
+	// fresh one for the round.
+	agentStore *endpoint
+	// changed is closed when the round is superseded; reason says why.
+	changed <-chan struct{}
+	reason  func() string
+}
+
+type endpoint struct {
+	host string
+	port int
+}
+
+// staticMembership runs torchrun's static rendezvous: one round, and a
+// restart budget of this node's own.
+type staticMembership struct {
+	handler     rendezvous.Handler
+	spec        *Spec
+	timeout     time.Duration
+	current     *round
+	restarts    int
+	reports     []Failure
+	maxRestarts int
+}
+
+func newStaticMembership(h rendezvous.Handler, spec *Spec) *staticMembership {
+	return &staticMembership{handler: h, spec: spec, timeout: spec.StoreTimeout, maxRestarts: spec.MaxRestarts}
+}
+
+func (m *staticMembership) next(ctx context.Context) (*round, error) {
+	if m.current != nil {
+		r := *m.current
+		r.restarts = m.restarts
+		return &r, nil
+	}
+	rd, err := m.handler.Next(ctx)
+	if err != nil {
+		return nil, err
+	}
+	rk, err := assignRanks(ctx, rd.Store, rd.GroupRank, rd.GroupWorldSize, m.spec.Role, m.spec.NProcPerNode)
+	if err != nil {
+		return nil, fmt.Errorf("elastic: assign ranks: %w", err)
+	}
+	m.current = &round{
+		store: rd.Store, ranks: rk, storeHost: rd.StoreHost,
+		agentStore: &endpoint{rd.StoreHost, rd.StorePort},
+		changed:    make(chan struct{}), reason: func() string { return "" },
+	}
+	return m.next(ctx)
+}
+
+func (m *staticMembership) fail(_ context.Context, fs []Failure) (bool, error) {
+	m.reports = fs
+	if m.restarts < m.maxRestarts {
+		m.restarts++
+		return true, nil
+	}
+	return false, nil
+}
+
+func (m *staticMembership) failures(context.Context) ([]Failure, error) { return m.reports, nil }
+
+func (m *staticMembership) done(ctx context.Context) error {
+	return exitBarrier(ctx, m.current.store, m.current.ranks.GroupWorldSize, m.timeout)
+}
+
+func (m *staticMembership) close() error                     { return m.handler.Close() }
+func (m *staticMembership) shutdown(ctx context.Context) error { return nil }
+
+// exitBarrier keeps this node's agent (and the store it may host) alive
+// until every node's workers have finished, so no node loses the store
+// while another still needs it.
+func exitBarrier(ctx context.Context, store rendezvous.Store, nodes int, timeout time.Duration) error {
+	if nodes <= 1 {
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	const prefix = "torchelastic/agent/terminal_state/"
+	n, err := store.Add(ctx, prefix+"num_members", 1)
+	if err != nil {
+		return err
+	}
+	if int(n) == nodes {
+		if err := store.Set(ctx, prefix+"last_member", []byte("<val_ignored>")); err != nil {
+			return err
+		}
+	}
+	return store.Wait(ctx, []string{prefix + "last_member"})
+}
+
+// dynamicMembership runs the elastic rendezvous: rounds of MinNodes to
+// MaxNodes nodes, re-formed when a node dies or arrives, and one restart
+// budget for the whole job.
+type dynamicMembership struct {
+	d           *rendezvous.Dynamic
+	exitTimeout time.Duration
+}
+
+func (m *dynamicMembership) next(ctx context.Context) (*round, error) {
+	rd, err := m.d.Next(ctx)
+	if err != nil {
+		return nil, err
+	}
+	ri := m.d.Current()
+	return &round{
+		store: rd.Store, number: ri.Number, restarts: ri.Restarts,
+		ranks: ranks{
+			GroupRank: ri.GroupRank, GroupWorldSize: ri.GroupWorldSize,
+			BaseRank: ri.FirstRank, WorldSize: ri.WorldSize,
+			BaseRoleRank: ri.FirstRank, RoleSize: ri.WorldSize,
+		},
+		storeHost: rd.StoreHost,
+		changed:   ri.Changed(), reason: ri.Reason,
+	}, nil
+}
+
+func (m *dynamicMembership) fail(ctx context.Context, fs []Failure) (bool, error) {
+	return m.d.Fail(ctx, encodeFailures(fs))
+}
+
+func (m *dynamicMembership) failures(ctx context.Context) ([]Failure, error) {
+	reports, err := m.d.Failures(ctx)
+	if err != nil {
+		return nil, err
+	}
+	var all []Failure
+	for _, r := range reports {
+		fs, err := decodeFailures(r)
+		if err != nil {
+			return nil, err
+		}
+		all = append(all, fs...)
+	}
+	return all, nil
+}
+
+func (m *dynamicMembership) done(ctx context.Context) error {
+	err := m.d.Done(ctx, m.exitTimeout)
+	if errors.Is(err, rendezvous.ErrJobEnded) {
+		return nil
+	}
+	return err
+}
+
+func (m *dynamicMembership) close() error                       { return m.d.Close() }
+func (m *dynamicMembership) shutdown(ctx context.Context) error { return m.d.Shutdown(ctx) }
