@@ -104,7 +104,7 @@ func (m *staticMembership) done(ctx context.Context) error {
 	return exitBarrier(ctx, m.current.store, m.current.ranks.GroupWorldSize, m.timeout)
 }
 
-func (m *staticMembership) close() error                     { return m.handler.Close() }
+func (m *staticMembership) close() error                       { return m.handler.Close() }
 func (m *staticMembership) shutdown(ctx context.Context) error { return nil }
 
 // exitBarrier keeps this node's agent (and the store it may host) alive
