@@ -94,6 +94,13 @@ func (a *Agent) Run(ctx context.Context) (*Result, error) {
 		case out.changed:
 			a.log.Warn().Str("reason", r.reason()).Msg("the job's round changed; stopped the workers to rejoin")
 		case len(out.failures) > 0:
+			// Give heartbeats time to tell a lost node first: its death
+			// kills workers elsewhere too, and that must not spend the
+			// budget. A report on a round already superseded spends nothing.
+			superseded := a.roundChangesWithin(r, a.spec.Dynamic.FailureGrace)
+			for i := range out.failures {
+				out.failures[i].Round = r.number
+			}
 			sortRootCauseFirst(out.failures)
 			restart, err := m.fail(ctx, out.failures)
 			if err != nil && !errors.Is(err, rendezvous.ErrJobFailed) {
@@ -103,8 +110,13 @@ func (a *Agent) Run(ctx context.Context) (*Result, error) {
 				return a.jobFailed(ctx, m, r.restarts)
 			}
 			f := out.failures[0]
-			a.log.Warn().Int("rank", f.Rank).Str("status", f.Exit.String()).
-				Msgf("worker group failed; restarting (%d/%d)", r.restarts+1, a.spec.MaxRestarts)
+			if superseded {
+				a.log.Warn().Int("rank", f.Rank).Str("status", f.Exit.String()).Str("reason", r.reason()).
+					Msg("workers failed as the job's round changed; rejoining")
+			} else {
+				a.log.Warn().Int("rank", f.Rank).Str("status", f.Exit.String()).
+					Msgf("worker group failed; restarting (%d/%d)", r.restarts+1, a.spec.MaxRestarts)
+			}
 		default:
 			err := m.done(ctx)
 			switch {
@@ -122,6 +134,25 @@ func (a *Agent) Run(ctx context.Context) (*Result, error) {
 	}
 }
 
+// roundChangesWithin waits up to grace for the round to change. A node's
+// death kills its peers' workers too, inside collectives, sooner than
+// heartbeats can tell; such failures must not spend the restart budget,
+// which is for the workers' own faults.
+func (a *Agent) roundChangesWithin(r *round, grace time.Duration) bool {
+	if r.ranks.GroupWorldSize <= 1 || grace <= 0 {
+		return false
+	}
+	a.log.Info().Stringer("grace", grace).Msg("workers failed; checking that no node was lost before spending a restart")
+	t := time.NewTimer(grace)
+	defer t.Stop()
+	select {
+	case <-r.changed:
+		return true
+	case <-t.C:
+		return false
+	}
+}
+
 // membership wraps the rendezvous handler the agent was given.
 func (a *Agent) membership() membership {
 	if d, ok := a.opts.Rendezvous.(*rendezvous.Dynamic); ok {
@@ -130,9 +161,17 @@ func (a *Agent) membership() membership {
 	return newStaticMembership(a.opts.Rendezvous, &a.spec)
 }
 
-// jobFailed ends the job with the failures every node reported, root
-// cause first, and its exit status.
+// jobFailed ends the job with the failures every node reported in the
+// last round that failed, root cause first, and its exit status. Other
+// nodes may still be weighing their own failures (roundChangesWithin), so
+// it gives them that long to report first.
 func (a *Agent) jobFailed(ctx context.Context, m membership, restarts int) (*Result, error) {
+	if grace := a.spec.Dynamic.FailureGrace; a.spec.Backend == "c10d" && grace > 0 {
+		select {
+		case <-time.After(grace):
+		case <-ctx.Done():
+		}
+	}
 	fs, err := m.failures(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("elastic: read the job's failures: %w", err)
@@ -140,14 +179,23 @@ func (a *Agent) jobFailed(ctx context.Context, m membership, restarts int) (*Res
 	if len(fs) == 0 {
 		return nil, errors.New("elastic: the job failed without a failure report")
 	}
-	sortRootCauseFirst(fs)
-	return &Result{Failures: fs, ExitCode: fs[0].ExitCode, Restarts: restarts}, nil
+	last := fs[:0:0]
+	for _, f := range fs {
+		if len(last) > 0 && f.Round > last[0].Round {
+			last = last[:0]
+		}
+		if len(last) == 0 || f.Round == last[0].Round {
+			last = append(last, f)
+		}
+	}
+	sortRootCauseFirst(last)
+	return &Result{Failures: last, ExitCode: last[0].ExitCode, Restarts: restarts}, nil
 }
 
 // runRound starts this node's workers for round r and supervises them
 // until they end or the round changes.
 func (a *Agent) runRound(ctx context.Context, r *round, attempt int, logs *logRoot) (outcome, error) {
-	master, release, err := a.workerStore(ctx, r, attempt)
+	master, release, err := a.workerStore(ctx, r)
 	if err != nil {
 		return outcome{}, err
 	}
@@ -176,12 +224,14 @@ type workerEndpoint struct {
 // the same. Otherwise group rank 0 picks a free port for worker rank 0 to
 // host a store on. Non-zero group ranks learn the endpoint from the round's
 // store. release stops a store this agent hosts.
-func (a *Agent) workerStore(ctx context.Context, r *round, attempt int) (workerEndpoint, func(), error) {
+func (a *Agent) workerStore(ctx context.Context, r *round) (workerEndpoint, func(), error) {
 	nothing := func() {}
 	if a.spec.ShareStore && r.agentStore != nil {
 		return workerEndpoint{host: r.agentStore.host, port: r.agentStore.port, agentStore: true}, nothing, nil
 	}
-	key := "gorun/worker_store/" + strconv.Itoa(attempt)
+	// The round's store is the round's alone; within it, restarts of the
+	// static rendezvous's one round each need a key of their own.
+	key := "gorun/worker_store/" + strconv.Itoa(r.restarts)
 	release := nothing
 	if r.ranks.GroupRank == 0 {
 		host := r.storeHost

@@ -24,9 +24,8 @@ type membership interface {
 	// done is the exit barrier once this node's workers succeeded; it
 	// returns rendezvous.ErrRoundChanged when the job must run again.
 	done(ctx context.Context) error
-	// close leaves the rendezvous; shutdown ends the job for everyone.
+	// close leaves the rendezvous without ending the job for the others.
 	close() error
-	shutdown(ctx context.Context) error
 }
 
 // round is one placement of this node's workers in the job.
@@ -104,8 +103,7 @@ func (m *staticMembership) done(ctx context.Context) error {
 	return exitBarrier(ctx, m.current.store, m.current.ranks.GroupWorldSize, m.timeout)
 }
 
-func (m *staticMembership) close() error                       { return m.handler.Close() }
-func (m *staticMembership) shutdown(ctx context.Context) error { return nil }
+func (m *staticMembership) close() error { return m.handler.Close() }
 
 // exitBarrier keeps this node's agent (and the store it may host) alive
 // until every node's workers have finished, so no node loses the store
@@ -183,5 +181,4 @@ func (m *dynamicMembership) done(ctx context.Context) error {
 	return err
 }
 
-func (m *dynamicMembership) close() error                       { return m.d.Close() }
-func (m *dynamicMembership) shutdown(ctx context.Context) error { return m.d.Shutdown(ctx) }
+func (m *dynamicMembership) close() error { return m.d.Close() }

@@ -15,6 +15,8 @@ import (
 // Failure is one worker that ended badly, with what its error file said.
 type Failure struct {
 	launcher.Exit
+	// Round is the rendezvous round the worker ran in.
+	Round     int
 	Host      string
 	ErrorFile string
 	// Error is the worker's error file, nil when it wrote none.
@@ -111,6 +113,7 @@ func indentContinuation(s, indent string) string {
 // failureRecord is a Failure as agents exchange it through the store, so
 // that every node can report the failures of all.
 type failureRecord struct {
+	Round     int       `json:"round"`
 	Host      string    `json:"host"`
 	Rank      int       `json:"rank"`
 	LocalRank int       `json:"local_rank"`
@@ -129,7 +132,7 @@ func encodeFailures(fs []Failure) []byte {
 	records := make([]failureRecord, len(fs))
 	for i, f := range fs {
 		r := failureRecord{
-			Host: f.Host, Rank: f.Rank, LocalRank: f.LocalRank, Pid: f.Pid,
+			Round: f.Round, Host: f.Host, Rank: f.Rank, LocalRank: f.LocalRank, Pid: f.Pid,
 			ExitCode: f.ExitCode, Signal: int(f.Signal), Time: f.Time, ErrorFile: f.ErrorFile,
 		}
 		if f.Error != nil {
@@ -153,7 +156,7 @@ func decodeFailures(b []byte) ([]Failure, error) {
 				LocalRank: r.LocalRank, Rank: r.Rank, Pid: r.Pid,
 				ExitCode: r.ExitCode, Signal: syscall.Signal(r.Signal), Time: r.Time,
 			},
-			Host: r.Host, ErrorFile: r.ErrorFile,
+			Round: r.Round, Host: r.Host, ErrorFile: r.ErrorFile,
 		}
 		if r.Message != "" || r.Traceback != "" || !r.ErrorTime.IsZero() {
 			fs[i].Error = &launcher.ErrorInfo{Message: r.Message, Traceback: r.Traceback, Timestamp: r.ErrorTime}

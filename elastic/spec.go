@@ -28,6 +28,11 @@ type Spec struct {
 	Role         string
 	RunID        string
 
+	// Backend is the rendezvous: "static" or "c10d" (dynamic).
+	Backend string
+	// Dynamic configures the c10d rendezvous.
+	Dynamic DynamicSpec
+
 	// MasterAddr and MasterPort name the store of the static rendezvous.
 	// MasterPort 0 on a single node means: host it on an ephemeral port.
 	MasterAddr string
@@ -71,6 +76,24 @@ type Spec struct {
 	Host string
 }
 
+// DynamicSpec configures the c10d (dynamic) rendezvous: where its store is
+// and how rounds and heartbeats are timed (--rdzv-endpoint, --rdzv-conf).
+type DynamicSpec struct {
+	Host string
+	Port int
+	// IsHost forces hosting the store (true) or joining it (false); nil
+	// infers it from the endpoint.
+	IsHost                                     *bool
+	JoinTimeout, LastCallTimeout, CloseTimeout time.Duration
+	HeartbeatInterval                          time.Duration
+	HeartbeatMisses                            int
+	// ReadTimeout bounds connecting to the store.
+	ReadTimeout time.Duration
+	// FailureGrace is how long a worker failure waits for news of a lost
+	// node before it spends a restart.
+	FailureGrace time.Duration
+}
+
 // Validate reports the first inconsistency in s, in the words of the flag
 // that causes it.
 func (s *Spec) Validate() error {
@@ -84,7 +107,7 @@ func (s *Spec) Validate() error {
 	if s.MinNodes < 1 || s.MinNodes > s.MaxNodes {
 		errs = append(errs, fmt.Errorf("--nnodes %d:%d: want 0 < min <= max", s.MinNodes, s.MaxNodes))
 	}
-	if s.NodeRank < 0 || s.NodeRank >= s.MaxNodes {
+	if s.NodeRank < -1 || s.NodeRank >= s.MaxNodes {
 		errs = append(errs, fmt.Errorf("--node-rank %d is outside 0..%d", s.NodeRank, s.MaxNodes-1))
 	}
 	if s.MaxRestarts < 0 {
@@ -93,8 +116,11 @@ func (s *Spec) Validate() error {
 	if s.MasterPort < 0 || s.MasterPort > 65535 {
 		errs = append(errs, fmt.Errorf("--master-port %d is not a TCP port", s.MasterPort))
 	}
-	if s.MaxNodes > 1 && s.MasterPort == 0 {
+	if s.Backend == "static" && s.MaxNodes > 1 && s.MasterPort == 0 {
 		errs = append(errs, errors.New("--master-port is required with more than one node"))
+	}
+	if s.Backend == "static" && s.MinNodes != s.MaxNodes {
+		errs = append(errs, fmt.Errorf("--nnodes %d:%d: a range needs --rdzv-backend c10d", s.MinNodes, s.MaxNodes))
 	}
 	if s.ShutdownTimeout < 0 {
 		errs = append(errs, fmt.Errorf("--shutdown-timeout must not be negative, got %s", s.ShutdownTimeout))

@@ -16,6 +16,7 @@ import (
 
 	"github.com/gorun/gorun/elastic"
 	"github.com/gorun/gorun/launcher"
+	"github.com/gorun/gorun/rendezvous"
 )
 
 // torchrunFlag names a flag the way torchrun does: dashed, with the
@@ -47,10 +48,10 @@ func flags() []cli.Flag {
 		stringFlag("node-rank", "0", "rank of this node (static rendezvous)"),
 		stringFlag("master-addr", "127.0.0.1", "address of the node that hosts the store (static rendezvous)"),
 		stringFlag("master-port", "", "port of the store (static rendezvous); one node and none given: an ephemeral port"),
-		stringFlag("rdzv-backend", "static", "rendezvous backend: static"),
-		stringFlag("rdzv-endpoint", "", "rendezvous endpoint HOST[:PORT] (static: used instead of --master-addr/--master-port)"),
+		stringFlag("rdzv-backend", "", "rendezvous backend: static or c10d (default: c10d when --nnodes is a range or --rdzv-endpoint is given, else static)"),
+		stringFlag("rdzv-endpoint", "", "rendezvous store HOST[:PORT] (c10d: default port 29400; static: instead of --master-addr/--master-port)"),
 		stringFlag("rdzv-id", "none", "job id shared by all nodes (TORCHELASTIC_RUN_ID)"),
-		stringFlag("rdzv-conf", "", "rendezvous settings k1=v1,k2=v2 (timeout=SECONDS bounds store waits)"),
+		stringFlag("rdzv-conf", "", "rendezvous settings k1=v1,...: join_timeout, last_call_timeout, close_timeout, heartbeat_interval, heartbeat_misses, failure_grace, is_host, read_timeout, exit_barrier_timeout, timeout (seconds)"),
 		boolFlag("standalone", "single-node job: store on an ephemeral loopback port, random run id"),
 		stringFlag("max-restarts", "0", "restarts of the worker group allowed after a failure"),
 		stringFlag("monitor-interval", "0.1", "seconds between health checks of the workers"),
@@ -134,25 +135,53 @@ func specFromFlags(c *cli.Context, stderr io.Writer) (elastic.Spec, zerolog.Logg
 	if err != nil {
 		fail(err)
 	}
-	if t, ok := conf["timeout"]; ok {
-		s.StoreTimeout = secondsFlag("rdzv-conf timeout", t)
+	confSeconds := func(key string, def time.Duration) time.Duration {
+		if v, ok := conf[key]; ok {
+			delete(conf, key)
+			return secondsFlag("rdzv-conf "+key, v)
+		}
+		return def
 	}
-	if endpoint := c.String("rdzv-endpoint"); endpoint != "" {
-		host, port, err := splitEndpoint(endpoint)
+	s.Backend = c.String("rdzv-backend")
+	endpoint := c.String("rdzv-endpoint")
+	if s.Backend == "" {
+		s.Backend = "static"
+		if s.MinNodes != s.MaxNodes || endpoint != "" {
+			s.Backend = "c10d"
+		}
+	}
+	s.StoreTimeout = confSeconds("timeout", s.StoreTimeout)
+	s.ExitBarrierTimeout = confSeconds("exit_barrier_timeout", 60*time.Second)
+	switch s.Backend {
+	case "static":
+		if endpoint != "" {
+			host, port, err := splitEndpoint(endpoint, 0)
+			if err != nil {
+				fail(err)
+			}
+			s.MasterAddr, s.MasterPort = host, port
+		}
+	case "c10d":
+		s.Dynamic, err = dynamicSpec(endpoint, conf, confSeconds)
 		if err != nil {
 			fail(err)
 		}
-		s.MasterAddr, s.MasterPort = host, port
-	}
-	switch backend := c.String("rdzv-backend"); backend {
-	case "static":
-	case "c10d":
-		fail(fmt.Errorf("--rdzv-backend c10d is not available yet; use static"))
+		if !c.IsSet("node-rank") {
+			s.NodeRank = -1
+		}
+		for _, inert := range []string{"master-addr", "master-port"} {
+			if c.IsSet(inert) {
+				log.Warn().Msgf("--%s has no effect with --rdzv-backend c10d: the store is at --rdzv-endpoint", inert)
+			}
+		}
 	default:
-		fail(fmt.Errorf("--rdzv-backend %q: want static", backend))
+		fail(fmt.Errorf("--rdzv-backend %q: want static or c10d", s.Backend))
+	}
+	for key := range conf {
+		log.Warn().Msgf("--rdzv-conf %s has no effect with --rdzv-backend %s", key, s.Backend)
 	}
 	if c.Bool("standalone") {
-		s.MinNodes, s.MaxNodes, s.NodeRank, s.MasterPort = 1, 1, 0, 0
+		s.Backend, s.MinNodes, s.MaxNodes, s.NodeRank, s.MasterPort = "static", 1, 1, 0, 0
 		s.MasterAddr = "127.0.0.1"
 		if s.RunID == "none" {
 			s.RunID = randomID()
@@ -206,8 +235,44 @@ func specFromFlags(c *cli.Context, stderr io.Writer) (elastic.Spec, zerolog.Logg
 	return s, log, nil
 }
 
-// splitEndpoint parses HOST[:PORT], with IPv6 hosts in brackets.
-func splitEndpoint(endpoint string) (string, int, error) {
+// dynamicSpec reads the c10d rendezvous settings: the endpoint and the
+// --rdzv-conf keys it understands (taken out of conf).
+func dynamicSpec(endpoint string, conf map[string]string, seconds func(string, time.Duration) time.Duration) (elastic.DynamicSpec, error) {
+	var d elastic.DynamicSpec
+	if endpoint == "" {
+		endpoint = "localhost"
+	}
+	var err error
+	if d.Host, d.Port, err = splitEndpoint(endpoint, rendezvous.DefaultEndpointPort); err != nil {
+		return d, err
+	}
+	d.JoinTimeout = seconds("join_timeout", rendezvous.DefaultJoinTimeout)
+	d.LastCallTimeout = seconds("last_call_timeout", rendezvous.DefaultLastCallTimeout)
+	d.CloseTimeout = seconds("close_timeout", rendezvous.DefaultCloseTimeout)
+	d.ReadTimeout = seconds("read_timeout", 60*time.Second)
+	d.HeartbeatInterval = seconds("heartbeat_interval", rendezvous.DefaultHeartbeatInterval)
+	d.HeartbeatMisses = rendezvous.DefaultHeartbeatMisses
+	if v, ok := conf["heartbeat_misses"]; ok {
+		delete(conf, "heartbeat_misses")
+		if d.HeartbeatMisses, err = strconv.Atoi(v); err != nil || d.HeartbeatMisses < 1 {
+			return d, fmt.Errorf("--rdzv-conf heartbeat_misses=%q: want a positive integer", v)
+		}
+	}
+	d.FailureGrace = seconds("failure_grace", d.HeartbeatInterval*time.Duration(d.HeartbeatMisses+1))
+	if v, ok := conf["is_host"]; ok {
+		delete(conf, "is_host")
+		isHost, err := strconv.ParseBool(v)
+		if err != nil {
+			return d, fmt.Errorf("--rdzv-conf is_host=%q: want true or false", v)
+		}
+		d.IsHost = &isHost
+	}
+	return d, nil
+}
+
+// splitEndpoint parses HOST[:PORT], with IPv6 hosts in brackets; a missing
+// port is defaultPort.
+func splitEndpoint(endpoint string, defaultPort int) (string, int, error) {
 	host, portText := endpoint, ""
 	if i := strings.LastIndex(endpoint, ":"); i >= 0 && !strings.HasSuffix(endpoint, "]") {
 		host, portText = endpoint[:i], endpoint[i+1:]
@@ -217,7 +282,7 @@ func splitEndpoint(endpoint string) (string, int, error) {
 		return "", 0, fmt.Errorf("--rdzv-endpoint %q: no host", endpoint)
 	}
 	if portText == "" {
-		return host, 0, nil
+		return host, defaultPort, nil
 	}
 	port, err := strconv.Atoi(portText)
 	if err != nil || port < 0 || port > 65535 {

@@ -119,9 +119,14 @@ func launch(ctx context.Context, spec elastic.Spec, log zerolog.Logger, stdout, 
 	}
 	defer keeper.Close()
 
+	rdzv, release, err := newRendezvous(ctx, &spec, log)
+	if err != nil {
+		return 0, err
+	}
+	defer release()
 	agent := elastic.NewAgent(spec, elastic.Options{
 		Logger: log, Stdout: stdout, Stderr: stderr,
-		Rendezvous: newRendezvous(spec, log), Signals: signals, Keeper: keeper,
+		Rendezvous: rdzv, Signals: signals, Keeper: keeper,
 	})
 	result, err := agent.Run(ctx)
 	if err != nil {
@@ -157,8 +162,12 @@ func isTerminal(w io.Writer) bool {
 	return err == nil && fi.Mode()&os.ModeCharDevice != 0
 }
 
-// newRendezvous returns the handler for spec's rendezvous backend.
-func newRendezvous(spec elastic.Spec, log zerolog.Logger) rendezvous.Handler {
+// newRendezvous returns the handler for spec's rendezvous backend, and
+// what to release once the job is over.
+func newRendezvous(ctx context.Context, spec *elastic.Spec, log zerolog.Logger) (rendezvous.Handler, func(), error) {
+	if spec.Backend == "c10d" {
+		return newDynamic(ctx, spec, log)
+	}
 	host := spec.MasterAddr
 	if spec.MaxNodes == 1 && spec.LocalAddr != "" {
 		// A single node hosts the store where it says workers reach it.
@@ -172,5 +181,42 @@ func newRendezvous(spec elastic.Spec, log zerolog.Logger) rendezvous.Handler {
 		Port:     spec.MasterPort,
 		Timeout:  spec.StoreTimeout,
 		Logger:   log,
+	}), func() {}, nil
+}
+
+// newDynamic hosts or joins the c10d store and returns the elastic
+// rendezvous on it. This node advertises --local-addr, else the address
+// it reaches the store from, which its peers can reach too.
+func newDynamic(ctx context.Context, spec *elastic.Spec, log zerolog.Logger) (rendezvous.Handler, func(), error) {
+	d := spec.Dynamic
+	ep, err := rendezvous.OpenEndpoint(ctx, rendezvous.EndpointOptions{
+		Host: d.Host, Port: d.Port, IsHost: d.IsHost, Timeout: d.ReadTimeout, Logger: log,
 	})
+	if err != nil {
+		return nil, nil, err
+	}
+	addr := spec.LocalAddr
+	if addr == "" {
+		if addr, err = rendezvous.LocalAddrTowards(d.Host, d.Port); err != nil {
+			ep.Close()
+			return nil, nil, err
+		}
+	}
+	h := rendezvous.NewDynamic(ep.Store, rendezvous.DynamicOptions{
+		RunID:    spec.RunID,
+		MinNodes: spec.MinNodes, MaxNodes: spec.MaxNodes,
+		Host: spec.Host, Addr: addr,
+		NProc:             spec.NProcPerNode,
+		NodeRank:          spec.NodeRank,
+		StoreHost:         addr,
+		JoinTimeout:       d.JoinTimeout,
+		LastCallTimeout:   d.LastCallTimeout,
+		CloseTimeout:      d.CloseTimeout,
+		HeartbeatInterval: d.HeartbeatInterval,
+		HeartbeatMisses:   d.HeartbeatMisses,
+		HeartbeatStore:    ep.Heartbeats,
+		MaxRestarts:       spec.MaxRestarts,
+		Logger:            log,
+	})
+	return h, func() { ep.Close() }, nil
 }
