@@ -42,7 +42,13 @@ func (b *lockedBuffer) String() string {
 
 func startAgent(t *testing.T, args ...string) *agent {
 	t.Helper()
-	a := &agent{cmd: exec.Command(bin("gorun"), args...), done: make(chan struct{})}
+	return startCommand(t, bin("gorun"), args...)
+}
+
+// startCommand starts name with args in the background, as an agent.
+func startCommand(t *testing.T, name string, args ...string) *agent {
+	t.Helper()
+	a := &agent{cmd: exec.Command(name, args...), done: make(chan struct{})}
 	a.cmd.Stdout, a.cmd.Stderr = &a.out, &a.out
 	if err := a.cmd.Start(); err != nil {
 		t.Fatal(err)
