@@ -248,7 +248,7 @@ func (c *comm) fail(err error) bool {
 }
 
 // begin starts a collective: it fails fast on a closed or failed
-// communicator or a member known gone, and numbers the call.
+// communicator, and numbers the call.
 func (c *comm) begin(ctx context.Context, h header) (*op, error) {
 	if c.closed.Load() {
 		return nil, ErrClosed
@@ -266,14 +266,10 @@ func (c *comm) begin(ctx context.Context, h header) (*op, error) {
 	if c.shared() {
 		c.t.shm.publish(c.world[c.rank], &h)
 	}
-	for peer, w := range c.world {
-		if peer == c.rank {
-			continue
-		}
-		if err := c.t.peerGone(w); err != nil {
-			return nil, o.finish(&PeerError{Rank: peer, Op: o.label(), Err: err})
-		}
-	}
+	// A member that is gone does not fail the call here: what it sent
+	// before it exited may be all the call needs (a broadcast root that
+	// returned and exited, say). Receiving from it once its frames are
+	// used up, or sending to it, fails at once instead.
 	return o, nil
 }
 

@@ -361,3 +361,49 @@ func TestTimeoutNamesPeer(t *testing.T) {
 		t.Fatalf("got %v", err)
 	}
 }
+
+// A root that broadcasts and closes at once (a worker that exits right
+// after its last collective) must not fail the others' receives of what it
+// already sent.
+func TestBroadcastFromARootThatClosed(t *testing.T) {
+	for _, transport := range []string{"tcp", "unix"} {
+		t.Run(transport, func(t *testing.T) {
+			comms := testWorld(t, 3, TCPOptions{Transport: transport})
+			ctx := testContext(t, 10*time.Second)
+			rootDone := make(chan struct{})
+			errs := onAll(comms, func(rank int, c Comm) error {
+				for i, n := range []int{8, 1 << 20} {
+					buf := make([]byte, n)
+					if rank == 0 {
+						for j := range buf {
+							buf[j] = byte(i + j)
+						}
+					} else if i == 0 {
+						// Every later call starts once this rank has seen
+						// the root's connection end.
+						<-rootDone
+						tr := c.(*comm).t
+						for deadline := time.Now().Add(5 * time.Second); tr.peerGone(0) == nil && time.Now().Before(deadline); {
+							time.Sleep(time.Millisecond)
+						}
+					}
+					if err := c.Broadcast(ctx, buf, Uint8, 0); err != nil {
+						return fmt.Errorf("broadcast %d: %w", i, err)
+					}
+					if rank == 0 && i == 1 {
+						err := c.Close()
+						close(rootDone)
+						return err
+					}
+					for j := range buf {
+						if buf[j] != byte(i+j) {
+							return fmt.Errorf("broadcast %d: byte %d = %d", i, j, buf[j])
+						}
+					}
+				}
+				return nil
+			})
+			mustAll(t, "broadcast from a closed root", errs)
+		})
+	}
+}
