@@ -108,6 +108,7 @@ echo "$$ $!" > "`+dir+`/pids.$RANK"
 sleep 300
 `)
 	cmd := exec.Command(bin("gorun"), "--nproc-per-node", "3", w)
+	cmd.Env = testEnv(t)
 	var out bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &out
 	if err := cmd.Start(); err != nil {
@@ -164,6 +165,7 @@ echo ready > "`+dir+`/ready.$RANK"
 while :; do sleep 0.05; done
 `)
 	cmd := exec.Command(bin("gorun"), "--nproc-per-node", "2", "--shutdown-timeout", "1.5", w)
+	cmd.Env = testEnv(t)
 	var stdout, stderr bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
 	if err := cmd.Start(); err != nil {

@@ -49,6 +49,7 @@ func startAgent(t *testing.T, args ...string) *agent {
 func startCommand(t *testing.T, name string, args ...string) *agent {
 	t.Helper()
 	a := &agent{cmd: exec.Command(name, args...), done: make(chan struct{})}
+	a.cmd.Env = testEnv(t)
 	a.cmd.Stdout, a.cmd.Stderr = &a.out, &a.out
 	if err := a.cmd.Start(); err != nil {
 		t.Fatal(err)

@@ -54,7 +54,7 @@ func gorun(t *testing.T, env []string, args ...string) job {
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, bin("gorun"), args...)
-	cmd.Env = append(os.Environ(), env...)
+	cmd.Env = append(testEnv(t), env...)
 	var stdout, stderr bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
 	err := cmd.Run()
@@ -70,6 +70,12 @@ func gorun(t *testing.T, env []string, args ...string) job {
 		t.Fatalf("gorun %v did not finish in time:\n%s", args, j)
 	}
 	return j
+}
+
+// testEnv is the test's environment with a temporary folder of the
+// test's own, so that what a killed gorun leaves there is cleaned up.
+func testEnv(t *testing.T) []string {
+	return append(os.Environ(), "TMPDIR="+t.TempDir())
 }
 
 // script writes an executable shell script into dir and returns its path.
