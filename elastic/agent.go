@@ -74,6 +74,8 @@ func (a *Agent) Run(ctx context.Context) (*Result, error) {
 		case errors.Is(err, rendezvous.ErrJobEnded):
 			a.log.Info().Msg("the job ended before this node got a place")
 			return &Result{}, nil
+		case err != nil && attempt > 0:
+			return nil, fmt.Errorf("elastic: cannot rejoin the job: %w", err)
 		case err != nil:
 			return nil, err
 		}
@@ -295,7 +297,10 @@ type outcome struct {
 
 // watch supervises one attempt until every worker has been reaped. The
 // first failure stops the others; so does a signal, which is forwarded
-// first. Exits that follow a stop are its consequence, not failures.
+// first. Exits that follow a stop are its consequence, not failures. With
+// --hang-timeout, a hang is a failure too: the stuck workers' exits, after
+// they dumped their stacks, are the failures, and the group stops once
+// they have all exited or had hangDumpWait to.
 func (a *Agent) watch(ctx context.Context, att *attempt, changed <-chan struct{}) outcome {
 	var out outcome
 	stopping, stopped := false, make(chan struct{})
@@ -309,6 +314,8 @@ func (a *Agent) watch(ctx context.Context, att *attempt, changed <-chan struct{}
 			close(stopped)
 		}()
 	}
+	hang := a.startHangCheck(att)
+	defer hang.stop()
 	done := ctx.Done()
 	for exits := att.group.Exits(); exits != nil; {
 		select {
@@ -317,10 +324,21 @@ func (a *Agent) watch(ctx context.Context, att *attempt, changed <-chan struct{}
 				exits = nil
 				continue
 			}
-			if e.Failed() && !stopping {
+			if stuck, all := hang.exited(e.LocalRank); stuck {
+				out.failures = append(out.failures, hang.failure(att.failure(e, a.spec.Host)))
+				if all {
+					stop(syscall.SIGTERM)
+				}
+			} else if e.Failed() && !stopping && !hang.hung() {
 				out.failures = append(out.failures, att.failure(e, a.spec.Host))
 				stop(syscall.SIGTERM)
 			}
+		case <-hang.tick():
+			if !stopping {
+				hang.check()
+			}
+		case <-hang.dumped():
+			stop(syscall.SIGTERM)
 		case s := <-a.opts.Signals:
 			sig, _ := s.(syscall.Signal)
 			if stopping && out.signal != 0 {

@@ -17,6 +17,7 @@ import (
 type attempt struct {
 	group      *launcher.Group
 	errorFiles map[int]string // by local rank
+	progress   []progressFile // with --hang-timeout
 	closers    []io.Closer
 }
 
@@ -55,6 +56,15 @@ func (a *Agent) startAttempt(rk ranks, restart, number int, master workerEndpoin
 				"GORUN_LOG_DIR":   dir,
 				"GORUN_NODE_RANK": strconv.Itoa(rk.GroupRank),
 			},
+		}
+		if s.HangTimeout > 0 {
+			p, err := createProgressFile(dir, lr, rank)
+			if err != nil {
+				att.closeOutput()
+				return nil, err
+			}
+			att.progress = append(att.progress, p)
+			env.Extra[progressFileEnv] = p.path
 		}
 		if err := env.Validate(); err != nil {
 			att.closeOutput()

@@ -76,8 +76,10 @@ func WriteReport(w io.Writer, name string, r *Result) {
 
 func writeFailure(b *strings.Builder, i int, f Failure) {
 	errorFile, traceback := "<N/A>", ""
-	if f.Error != nil {
+	if f.ErrorFile != "" {
 		errorFile = f.ErrorFile
+	}
+	if f.Error != nil {
 		traceback = f.Error.Message
 		if f.Error.Traceback != "" {
 			traceback += "\n" + f.Error.Traceback

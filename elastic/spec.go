@@ -53,6 +53,10 @@ type Spec struct {
 	ShutdownTimeout  time.Duration
 	Signals          []syscall.Signal
 	VirtualLocalRank bool
+	// HangTimeout, when positive, restarts (or fails) a worker group in
+	// which a worker that uses the runtime made no progress for that long:
+	// see hang.go. Zero is off.
+	HangTimeout time.Duration
 
 	// LogDir receives <run_id>/attempt_<k>/<local_rank>/{stdout,stderr}.log;
 	// empty means a temporary folder that holds only the error files.
@@ -121,6 +125,9 @@ func (s *Spec) Validate() error {
 	}
 	if s.Backend == "static" && s.MinNodes != s.MaxNodes {
 		errs = append(errs, fmt.Errorf("--nnodes %d:%d: a range needs --rdzv-backend c10d", s.MinNodes, s.MaxNodes))
+	}
+	if s.HangTimeout < 0 {
+		errs = append(errs, fmt.Errorf("--hang-timeout must not be negative, got %s", s.HangTimeout))
 	}
 	if s.ShutdownTimeout < 0 {
 		errs = append(errs, fmt.Errorf("--shutdown-timeout must not be negative, got %s", s.ShutdownTimeout))

@@ -66,12 +66,13 @@ type job struct {
 	timeout                   time.Duration
 	log                       zerolog.Logger
 	release                   func() error // store client, hosted store server
+	progress                  *progress    // nil unless the launcher watches
 }
 
 // newMember returns the group of ranks whose communicator is comm.
 func newMember(j *job, id string, ranks []int, comm, p2p collective.Comm) *ProcessGroup {
 	life, stop := context.WithCancelCause(context.Background())
-	s := scope{life: life, timeout: j.timeout}
+	s := scope{life: life, timeout: j.timeout, progress: j.progress}
 	pg := &ProcessGroup{
 		id: id, ranks: ranks, rank: comm.Rank(), job: j,
 		log:  j.log.With().Str("group", id).Logger(),

@@ -97,6 +97,8 @@ func withConnector(connect connector) Option { return func(c *config) { c.connec
 //     TORCHELASTIC_USE_AGENT_STORE=True the ranks share the launcher's
 //     store there, under "/worker/attempt_<TORCHELASTIC_RESTART_COUNT>";
 //     otherwise rank 0 hosts a store on MASTER_PORT, on every interface.
+//   - GORUN_PROGRESS_FILE when set (gorun --hang-timeout): the counter of
+//     completed operations the launcher watches (see ProgressFileEnv).
 //
 // Every rank must call Init, and Close the group it returns.
 func Init(ctx context.Context, opts ...Option) (*ProcessGroup, error) {
@@ -123,6 +125,7 @@ func Init(ctx context.Context, opts ...Option) (*ProcessGroup, error) {
 	}
 
 	var release cleanups // what the world's Close releases, or a failure now
+	progress := cfg.openProgress(log, &release)
 	var comm, p2p collective.Comm
 	store, err := cfg.openStore(ctx, env, log, &release)
 	if err == nil {
@@ -132,9 +135,10 @@ func Init(ctx context.Context, opts ...Option) (*ProcessGroup, error) {
 		release.run()
 		return nil, err
 	}
+	progress.add() // joining is the first progress
 	j := &job{
 		localRank: env.localRank, localWorldSize: env.localWorldSize,
-		timeout: cfg.timeout, log: log, release: release.run,
+		timeout: cfg.timeout, log: log, release: release.run, progress: progress,
 	}
 	log.Debug().Int("world_size", env.worldSize).Msg("joined")
 	return newMember(j, worldID, everyRank(env.worldSize), comm, p2p), nil

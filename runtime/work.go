@@ -89,8 +89,9 @@ func (w *Work) finish(err error) {
 // scope is what every operation of a group runs within: the group's
 // lifetime, cancelled by Close, and its timeout for each operation.
 type scope struct {
-	life    context.Context
-	timeout time.Duration
+	life     context.Context
+	timeout  time.Duration
+	progress *progress // counts the operations that succeed
 }
 
 // execute runs w to completion. The operation sees a context that ends
@@ -114,6 +115,9 @@ func (s scope) execute(w *Work) {
 		// The backend's error for an operation cut short by Close says
 		// less than ours.
 		err = ErrClosed
+	}
+	if err == nil {
+		s.progress.add()
 	}
 	w.finish(err)
 }

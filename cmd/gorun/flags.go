@@ -66,6 +66,7 @@ func flags() []cli.Flag {
 		stringFlag("local-ranks-filter", "", "local ranks shown on the console, e.g. 0,2 (files keep all)"),
 		stringFlag("local-addr", "", "address this node advertises to workers and peers"),
 		stringFlag("signals-to-handle", "SIGTERM,SIGINT,SIGHUP,SIGQUIT", "signals forwarded to every worker's process group"),
+		stringFlag("hang-timeout", "", "restart (or fail) the worker group when a worker using gorun's runtime makes no collective progress for this long: seconds or a duration like 5m; 0 or empty: off"),
 		stringFlag("shutdown-timeout", "", "seconds between a forwarded signal and SIGKILL (default $TORCH_ELASTIC_SHUTDOWN_TIMEOUT or 30)"),
 		boolFlag("virtual-local-rank", "every worker gets LOCAL_RANK=0 and one GPU in CUDA_VISIBLE_DEVICES"),
 		stringFlag("log-line-prefix-template", "", "console prefix of worker lines; ${rank}, ${local_rank}, ${role_name}, ${host} (default [rank${rank}]: or $TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE)"),
@@ -210,6 +211,15 @@ func specFromFlags(c *cli.Context, stderr io.Writer) (elastic.Spec, zerolog.Logg
 		fail(fmt.Errorf("--pty %q: want auto, always or never", mode))
 	}
 	s.LogDir = c.String("log-dir")
+	if v := strings.TrimSpace(c.String("hang-timeout")); v != "" {
+		if s.HangTimeout, err = time.ParseDuration(v); err != nil {
+			f, ferr := strconv.ParseFloat(v, 64)
+			if ferr != nil {
+				fail(fmt.Errorf("--hang-timeout %q: want seconds or a duration like 5m", v))
+			}
+			s.HangTimeout = time.Duration(f * float64(time.Second))
+		}
+	}
 
 	program, args := c.Args().First(), c.Args().Tail()
 	module, noPython, runPath := c.Bool("module"), c.Bool("no-python"), c.Bool("run-path")

@@ -1,0 +1,65 @@
+package main
+
+import (
+	"strings"
+	"testing"
+)
+
+// A rank that stops calling collectives hangs the group: gorun finds it,
+// dumps the stuck workers' goroutines, reports the hang and fails.
+func TestHangIsDumpedAndReported(t *testing.T) {
+	j := gorun(t, nil, "--nproc-per-node", "2", "--hang-timeout", "2s", bin("hang"), "-hang-after", "5")
+	if j.code == 0 {
+		t.Fatalf("a hung job succeeded:\n%s", j)
+	}
+	for _, want := range []string{
+		"worker group hung",                  // the agent's log
+		"SIGQUIT: quit",                      // the workers' dump
+		"goroutine 1 ",                       // "goroutine 1 gp=... [select]:"
+		"examples/hang/main.go",              // down to the sleeping rank's code
+		"hang: no collective progress for 2", // the report
+		"rank      : 1 (local_rank: 1)",      // the rank that stopped
+		"rank      : 0 (local_rank: 0)",      // rank 0 waits in all_reduce: stuck too
+		"exitcode  : 2",                      // Go's status after SIGQUIT
+	} {
+		if !strings.Contains(j.stderr, want) {
+			t.Errorf("stderr lacks %q:\n%s", want, j)
+		}
+	}
+}
+
+// A hang spends the restart budget like any failure: a group that hangs
+// on its first attempt only completes after one restart.
+func TestHangRestartsTheGroup(t *testing.T) {
+	j := gorun(t, nil, "--nproc-per-node", "2", "--max-restarts", "1", "--hang-timeout", "1",
+		bin("hang"), "-hang-after", "3", "-first-only")
+	if j.code != 0 || !strings.Contains(j.stdout, "done: 20 all_reduces of world 2") ||
+		!strings.Contains(j.stderr, "worker group hung") || !strings.Contains(j.stderr, "restarting (1/1)") {
+		t.Fatalf("want a hang, one restart and success, got:\n%s", j)
+	}
+}
+
+// Only a counter that moved arms the detector: a program that does not use
+// gorun's runtime is never taken for hung, however quiet.
+func TestHangTimeoutIgnoresProgramsWithoutTheRuntime(t *testing.T) {
+	quiet := script(t, t.TempDir(), "quiet.sh", "sleep 1.5\necho quiet done\n")
+	j := gorun(t, nil, "--nproc-per-node", "2", "--hang-timeout", "0.3", quiet)
+	if j.code != 0 || strings.Count(j.stdout, "quiet done") != 2 || strings.Contains(j.stderr, "hung") {
+		t.Fatalf("want a quiet success, got:\n%s", j)
+	}
+}
+
+func TestHangTimeoutFlag(t *testing.T) {
+	for _, bad := range []string{"soon", "-5s", "-1"} {
+		j := gorun(t, nil, "--hang-timeout", bad, "true")
+		if j.code != 2 || !strings.Contains(j.stderr, "--hang-timeout") {
+			t.Errorf("--hang-timeout %s: want exit 2 naming the flag, got:\n%s", bad, j)
+		}
+	}
+	// Seconds, a duration, and off.
+	for _, ok := range []string{"0.5", "1m", "0", ""} {
+		if j := gorun(t, nil, "--hang-timeout", ok, "true"); j.code != 0 {
+			t.Errorf("--hang-timeout %q: got:\n%s", ok, j)
+		}
+	}
+}

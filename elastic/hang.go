@@ -1,0 +1,281 @@
+package elastic
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"syscall"
+	"time"
+
+	"github.com/rs/zerolog"
+
+	"github.com/gorun/gorun/launcher"
+)
+
+// Hang detection (--hang-timeout). Every worker gets a progress file in
+// its log folder, named by GORUN_PROGRESS_FILE: an 8-byte counter, in the
+// host's byte order, that the runtime advances once when Init has joined
+// the job and once per operation (collective, point-to-point message,
+// monitored barrier) that completes. The agent reads the counters
+// periodically. A worker whose counter has moved at least once and then
+// stood still for the hang timeout is stuck, and a stuck worker means the
+// group hangs. A counter that never moves arms nothing: programs that do
+// not use the runtime (Python, shell) are never taken for hung, nor is a
+// worker that has not finished Init.
+//
+// On a hang the agent logs the stuck ranks, sends each stuck worker's
+// process group a signal that makes it print its stacks (SIGQUIT: a Go
+// program prints every goroutine's stack to stderr and exits with status
+// 2; SIGABRT for Python, whose faulthandler, when enabled, dumps the
+// threads), waits up to hangDumpWait for them to exit, then stops the
+// group. The stuck ranks are the attempt's failures, with the message
+// "hang: no collective progress for D", and the usual failure path
+// follows: a restart while the budget lasts, else the report.
+const (
+	// progressFileEnv names the progress file in the worker's
+	// environment; the runtime's ProgressFileEnv, which this side of the
+	// module does not import.
+	progressFileEnv = "GORUN_PROGRESS_FILE"
+	// progressFileName is the counter's file in a worker's log folder.
+	progressFileName = "progress"
+	// hangDumpWait bounds the wait for the stuck workers to dump their
+	// stacks and exit before the group is stopped.
+	hangDumpWait = 2 * time.Second
+)
+
+// hangCheckPeriod is how often the counters are read: a tenth of the
+// timeout, within 100 ms and 5 s.
+func hangCheckPeriod(timeout time.Duration) time.Duration {
+	return min(max(timeout/10, 100*time.Millisecond), 5*time.Second)
+}
+
+// progressFile is a worker's progress counter, as the agent made it.
+type progressFile struct {
+	localRank, rank int
+	path            string
+}
+
+// createProgressFile makes the zeroed counter of a worker in its log
+// folder dir.
+func createProgressFile(dir string, localRank, rank int) (progressFile, error) {
+	path := filepath.Join(dir, progressFileName)
+	if err := os.WriteFile(path, make([]byte, 8), 0o644); err != nil {
+		return progressFile{}, fmt.Errorf("elastic: progress file of local rank %d: %w", localRank, err)
+	}
+	return progressFile{localRank: localRank, rank: rank, path: path}, nil
+}
+
+// hangWatch tells stuck workers from their progress counters. It is
+// owned by one goroutine.
+type hangWatch struct {
+	timeout time.Duration
+	now     func() time.Time
+	workers map[int]*workerProgress // by local rank, while the worker lives
+}
+
+// workerProgress is what hangWatch knows of one worker's counter.
+type workerProgress struct {
+	rank  int
+	read  func() (uint64, error)
+	count uint64
+	armed bool      // the counter has moved: the worker uses the runtime
+	since time.Time // of the last move
+}
+
+// stuckWorker is a worker whose counter has stood still too long.
+type stuckWorker struct {
+	localRank, rank int
+	idle            time.Duration
+}
+
+func newHangWatch(timeout time.Duration, now func() time.Time) *hangWatch {
+	return &hangWatch{timeout: timeout, now: now, workers: make(map[int]*workerProgress)}
+}
+
+// add watches the counter that read returns, of a worker just started.
+func (h *hangWatch) add(localRank, rank int, read func() (uint64, error)) {
+	h.workers[localRank] = &workerProgress{rank: rank, read: read, since: h.now()}
+}
+
+// forget stops watching a worker, which has exited: its counter stands
+// still from now on for a good reason.
+func (h *hangWatch) forget(localRank int) { delete(h.workers, localRank) }
+
+// check reads every counter and returns the stuck workers, by local rank.
+// A counter that cannot be read counts as unchanged.
+func (h *hangWatch) check() []stuckWorker {
+	now := h.now()
+	var stuck []stuckWorker
+	for lr, w := range h.workers {
+		if n, err := w.read(); err == nil && n != w.count {
+			w.count, w.armed, w.since = n, true, now
+			continue
+		}
+		if idle := now.Sub(w.since); w.armed && idle >= h.timeout {
+			stuck = append(stuck, stuckWorker{localRank: lr, rank: w.rank, idle: idle})
+		}
+	}
+	slices.SortFunc(stuck, func(a, b stuckWorker) int { return a.localRank - b.localRank })
+	return stuck
+}
+
+// hangCheck runs a hangWatch for the agent's watch loop: it reads the
+// counters on a ticker, dumps the stacks of the stuck workers, and turns
+// their exits into failures. A nil *hangCheck (--hang-timeout off) does
+// nothing and its channels are nil.
+type hangCheck struct {
+	watch    *hangWatch
+	files    []*os.File
+	ticker   *time.Ticker
+	log      zerolog.Logger
+	dumpSig  syscall.Signal
+	pids     []int // by local rank
+	stuck    map[int]stuckWorker
+	pending  int       // stuck workers not yet exited
+	found    time.Time // when the hang was found
+	dumpWait <-chan time.Time
+}
+
+// startHangCheck watches att's progress files when --hang-timeout is on.
+func (a *Agent) startHangCheck(att *attempt) *hangCheck {
+	if a.spec.HangTimeout <= 0 || len(att.progress) == 0 {
+		return nil
+	}
+	h := &hangCheck{
+		watch:   newHangWatch(a.spec.HangTimeout, a.now),
+		ticker:  time.NewTicker(hangCheckPeriod(a.spec.HangTimeout)),
+		log:     a.log,
+		dumpSig: syscall.SIGQUIT,
+		pids:    att.group.Pids(),
+	}
+	if a.spec.Python {
+		h.dumpSig = syscall.SIGABRT
+	}
+	for _, p := range att.progress {
+		f, err := os.Open(p.path)
+		if err != nil {
+			a.log.Warn().Err(err).Int("local_rank", p.localRank).Msg("hang detection is blind to this worker")
+			continue
+		}
+		h.files = append(h.files, f)
+		h.watch.add(p.localRank, p.rank, func() (uint64, error) { return readCounter(f) })
+	}
+	return h
+}
+
+func readCounter(f *os.File) (uint64, error) {
+	var b [8]byte
+	if _, err := f.ReadAt(b[:], 0); err != nil {
+		return 0, err
+	}
+	return binary.NativeEndian.Uint64(b[:]), nil
+}
+
+// tick fires when the counters are due to be read.
+func (h *hangCheck) tick() <-chan time.Time {
+	if h == nil || h.stuck != nil {
+		return nil
+	}
+	return h.ticker.C
+}
+
+// dumped fires when the stuck workers have had their time to dump.
+func (h *hangCheck) dumped() <-chan time.Time {
+	if h == nil {
+		return nil
+	}
+	return h.dumpWait
+}
+
+// hung reports whether a hang was found.
+func (h *hangCheck) hung() bool { return h != nil && h.stuck != nil }
+
+// check reads the counters; on a hang it logs the stuck ranks and
+// signals them to dump their stacks.
+func (h *hangCheck) check() {
+	stuck := h.watch.check()
+	if len(stuck) == 0 {
+		return
+	}
+	h.found = h.watch.now()
+	h.stuck = make(map[int]stuckWorker, len(stuck))
+	ranks := make([]int, len(stuck))
+	for i, s := range stuck {
+		h.stuck[s.localRank] = s
+		ranks[i] = s.rank
+	}
+	h.pending = len(stuck)
+	h.log.Error().Ints("ranks", ranks).Str("idle", roundIdle(stuck[0].idle).String()).
+		Str("signal", signalName(h.dumpSig)).Msg("worker group hung: no collective progress; dumping the stuck workers' stacks")
+	for _, s := range stuck {
+		if err := syscall.Kill(-h.pids[s.localRank], h.dumpSig); err != nil && !errors.Is(err, syscall.ESRCH) {
+			h.log.Warn().Err(err).Int("rank", s.rank).Msg("signalling a stuck worker")
+		}
+	}
+	h.dumpWait = time.After(hangDumpWait)
+}
+
+// exited stops watching the worker of localRank, which has exited, and
+// reports whether it was a stuck one and whether every stuck worker has
+// now exited.
+func (h *hangCheck) exited(localRank int) (stuck, allExited bool) {
+	if h == nil {
+		return false, false
+	}
+	h.watch.forget(localRank)
+	if _, ok := h.stuck[localRank]; !ok {
+		return false, false
+	}
+	h.pending--
+	return true, h.pending == 0
+}
+
+// failure is f, the exit of a stuck worker, told as the hang: its message
+// says so (what the worker's error file said moves to the traceback), it
+// dates from when the hang was found, and it is a failure however the
+// worker exited.
+func (h *hangCheck) failure(f Failure) Failure {
+	msg := "hang: no collective progress for " + roundIdle(h.stuck[f.LocalRank].idle).String()
+	info := &launcher.ErrorInfo{Message: msg, Timestamp: h.found}
+	if f.Error != nil {
+		info.Traceback = joinLines(f.Error.Message, f.Error.Traceback)
+	}
+	f.Error = info
+	if f.ExitCode == 0 {
+		f.ExitCode = 1
+	}
+	return f
+}
+
+// stop releases the ticker and the files.
+func (h *hangCheck) stop() {
+	if h == nil {
+		return
+	}
+	h.ticker.Stop()
+	for _, f := range h.files {
+		f.Close()
+	}
+}
+
+// roundIdle rounds a duration for people: to 100 ms under a minute, else
+// to the second.
+func roundIdle(d time.Duration) time.Duration {
+	if d < time.Minute {
+		return d.Round(100 * time.Millisecond)
+	}
+	return d.Round(time.Second)
+}
+
+func joinLines(a, b string) string {
+	switch {
+	case a == "":
+		return b
+	case b == "":
+		return a
+	}
+	return a + "\n" + b
+}
