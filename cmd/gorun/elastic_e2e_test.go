@@ -209,3 +209,24 @@ func TestInertFlagsAreWarnedAbout(t *testing.T) {
 		t.Errorf("want a warning for a c10d setting on a static job:\n%s", j)
 	}
 }
+
+// With fewer than the minimum of nodes left, the survivor waits
+// join_timeout for new ones, then fails saying so.
+func TestElasticFailsBelowMinimumNodes(t *testing.T) {
+	port := strconv.Itoa(freePort(t))
+	args := []string{"--nnodes", "2", "--nproc-per-node", "1", "--rdzv-endpoint", "127.0.0.1:" + port, "--rdzv-id", "min",
+		"--rdzv-conf", "heartbeat_interval=0.2,heartbeat_misses=2,join_timeout=2", "sleep", "30"}
+	host := startAgent(t, args...)
+	time.Sleep(200 * time.Millisecond) // the store's host first
+	other := startAgent(t, args...)
+	if !waitFor(30*time.Second, func() bool { return strings.Contains(other.out.String(), "started 1 workers") }) {
+		t.Fatalf("the job did not start:\n%s\n%s", host.out.String(), other.out.String())
+	}
+	other.cmd.Process.Signal(syscall.SIGKILL)
+	if code := host.wait(t, 30*time.Second); code == 0 {
+		t.Fatalf("the survivor succeeded alone:\n%s", host.out.String())
+	}
+	if out := host.out.String(); !strings.Contains(out, "join timeout") || !strings.Contains(out, "min 2") {
+		t.Errorf("the survivor did not say it lacked nodes:\n%s", out)
+	}
+}
