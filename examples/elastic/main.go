@@ -23,20 +23,18 @@ package main
 
 import (
 	"context"
-	"encoding/binary"
 	"encoding/gob"
 	"errors"
 	"flag"
 	"fmt"
-	"hash/fnv"
 	"io/fs"
-	"math"
 	"math/rand/v2"
 	"os"
 	"path/filepath"
 	"strconv"
 	"time"
 
+	"github.com/gorun/gorun/examples/internal/logreg"
 	dist "github.com/gorun/gorun/runtime"
 )
 
@@ -101,7 +99,7 @@ func run() error {
 
 	// Shard after resuming, by this attempt's world size: the data set is
 	// the same whatever the world, only who computes which part changes.
-	data := syntheticData(*samples, *features).shard(rank, world)
+	data := logreg.Synthetic(*samples, *features).Shard(rank, world)
 	save := func(step int) error {
 		return writeCheckpoint(*ckptPath, checkpoint{Step: step, World: world, Params: params})
 	}
@@ -113,7 +111,7 @@ func run() error {
 			os.Exit(*failCode)
 		}
 		time.Sleep(*stepDelay)
-		data.gradient(params, grad)
+		data.Gradient(params, grad)
 		if err := pg.AllReduce(ctx, dist.Of(grad), dist.Avg); err != nil {
 			return fmt.Errorf("step %d: %w", step, err)
 		}
@@ -137,7 +135,7 @@ func run() error {
 	// The proof that every rank resumed and trained identically: they hold
 	// bitwise the same parameters.
 	digests := make([]int64, world)
-	if err := pg.AllGatherInto(ctx, dist.Of(digests), dist.Of([]int64{digest(params)})); err != nil {
+	if err := pg.AllGatherInto(ctx, dist.Of(digests), dist.Of([]int64{logreg.Digest(params)})); err != nil {
 		return err
 	}
 	for r, d := range digests {
@@ -147,7 +145,7 @@ func run() error {
 	}
 	// The loss of the final parameters over the whole data set, which also
 	// gives a resumed job that had no steps left a loss to report.
-	data.gradient(params, grad)
+	data.Gradient(params, grad)
 	if err := pg.AllReduce(ctx, dist.Of(grad), dist.Avg); err != nil {
 		return err
 	}
@@ -284,86 +282,4 @@ func writeCheckpoint(path string, c checkpoint) (err error) {
 		d.Close()
 	}
 	return nil
-}
-
-// dataset is a shard of labelled samples: x has features values per sample.
-type dataset struct {
-	x        []float64
-	y        []float64
-	features int
-}
-
-// syntheticData draws the same data set on every rank and every attempt:
-// points labelled by a hidden hyperplane, with some label noise.
-func syntheticData(samples, features int) dataset {
-	r := rand.New(rand.NewPCG(42, 42))
-	truth := make([]float64, features)
-	for i := range truth {
-		truth[i] = r.NormFloat64()
-	}
-	d := dataset{x: make([]float64, samples*features), y: make([]float64, samples), features: features}
-	for s := 0; s < samples; s++ {
-		dot := 0.0
-		for f := 0; f < features; f++ {
-			v := r.NormFloat64()
-			d.x[s*features+f] = v
-			dot += v * truth[f]
-		}
-		if dot+0.3*r.NormFloat64() > 0 {
-			d.y[s] = 1
-		}
-	}
-	return d
-}
-
-// shard keeps every world-th sample, starting at rank, as
-// DistributedSampler does.
-func (d dataset) shard(rank, world int) dataset {
-	s := dataset{features: d.features}
-	for i := rank; i < len(d.y); i += world {
-		s.x = append(s.x, d.x[i*d.features:(i+1)*d.features]...)
-		s.y = append(s.y, d.y[i])
-	}
-	return s
-}
-
-// gradient writes the mean log-loss gradient over the shard into grad
-// (weights, then bias) followed by the mean loss itself.
-func (d dataset) gradient(params, grad []float64) {
-	clear(grad)
-	n := len(d.y)
-	bias := len(params) - 1
-	for s := 0; s < n; s++ {
-		p := sigmoid(d.logit(params, s))
-		diff := p - d.y[s]
-		for f := 0; f < d.features; f++ {
-			grad[f] += diff * d.x[s*d.features+f]
-		}
-		grad[bias] += diff
-		grad[len(params)] -= d.y[s]*math.Log(p+1e-12) + (1-d.y[s])*math.Log(1-p+1e-12)
-	}
-	for i := range grad {
-		grad[i] /= float64(n)
-	}
-}
-
-func (d dataset) logit(params []float64, s int) float64 {
-	z := params[len(params)-1]
-	for f := 0; f < d.features; f++ {
-		z += params[f] * d.x[s*d.features+f]
-	}
-	return z
-}
-
-func sigmoid(z float64) float64 { return 1 / (1 + math.Exp(-z)) }
-
-// digest hashes the parameters' exact bits.
-func digest(params []float64) int64 {
-	h := fnv.New64a()
-	var buf []byte
-	for _, p := range params {
-		buf = binary.LittleEndian.AppendUint64(buf, math.Float64bits(p))
-	}
-	h.Write(buf)
-	return int64(h.Sum64())
 }
