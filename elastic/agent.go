@@ -66,11 +66,12 @@ func (a *Agent) Run(ctx context.Context) (*Result, error) {
 	}
 	defer logs.cleanup(a.log)
 
+	restarts := 0 // the job's, as of the last round
 	for attempt := 0; ; attempt++ {
 		r, err := m.next(ctx)
 		switch {
 		case errors.Is(err, rendezvous.ErrJobFailed):
-			return a.jobFailed(ctx, m, attempt)
+			return a.jobFailed(ctx, m, restarts)
 		case errors.Is(err, rendezvous.ErrJobEnded):
 			a.log.Info().Msg("the job ended before this node got a place")
 			return &Result{}, nil
@@ -79,6 +80,7 @@ func (a *Agent) Run(ctx context.Context) (*Result, error) {
 		case err != nil:
 			return nil, err
 		}
+		restarts = r.restarts
 		a.log.Info().Int("round", r.number).Int("node_rank", r.ranks.GroupRank).Int("nodes", r.ranks.GroupWorldSize).
 			Int("world_size", r.ranks.WorldSize).Int("nproc_per_node", a.spec.NProcPerNode).
 			Int("restarts", r.restarts).Str("run_id", a.spec.RunID).Msg("rendezvous complete")
@@ -88,9 +90,7 @@ func (a *Agent) Run(ctx context.Context) (*Result, error) {
 		case err != nil:
 			return nil, err
 		case out.signal != 0:
-			name := signalName(out.signal)
-			a.log.Warn().Str("signal", name).Msg("stopped the workers on a signal")
-			return &Result{ExitCode: 128 + int(out.signal), Restarts: r.restarts, Interrupted: name}, nil
+			return a.interrupted(out.signal, r.restarts), nil
 		case out.err != nil:
 			return nil, out.err
 		case out.changed:
@@ -99,7 +99,10 @@ func (a *Agent) Run(ctx context.Context) (*Result, error) {
 			// Give heartbeats time to tell a lost node first: its death
 			// kills workers elsewhere too, and that must not spend the
 			// budget. A report on a round already superseded spends nothing.
-			superseded := a.roundChangesWithin(r, a.spec.Dynamic.FailureGrace)
+			superseded, sig := a.roundChangesWithin(ctx, r, a.spec.Dynamic.FailureGrace)
+			if sig != 0 {
+				return a.interrupted(sig, r.restarts), nil
+			}
 			for i := range out.failures {
 				out.failures[i].Round = r.number
 			}
@@ -139,20 +142,31 @@ func (a *Agent) Run(ctx context.Context) (*Result, error) {
 // roundChangesWithin waits up to grace for the round to change. A node's
 // death kills its peers' workers too, inside collectives, sooner than
 // heartbeats can tell; such failures must not spend the restart budget,
-// which is for the workers' own faults.
-func (a *Agent) roundChangesWithin(r *round, grace time.Duration) bool {
+// which is for the workers' own faults. A signal cuts the wait short.
+func (a *Agent) roundChangesWithin(ctx context.Context, r *round, grace time.Duration) (bool, syscall.Signal) {
 	if r.ranks.GroupWorldSize <= 1 || grace <= 0 {
-		return false
+		return false, 0
 	}
 	a.log.Info().Stringer("grace", grace).Msg("workers failed; checking that no node was lost before spending a restart")
 	t := time.NewTimer(grace)
 	defer t.Stop()
 	select {
 	case <-r.changed:
-		return true
+		return true, 0
+	case s := <-a.opts.Signals:
+		sig, _ := s.(syscall.Signal)
+		return false, sig
 	case <-t.C:
-		return false
+	case <-ctx.Done():
 	}
+	return false, 0
+}
+
+// interrupted is the result of a job stopped by sig.
+func (a *Agent) interrupted(sig syscall.Signal, restarts int) *Result {
+	name := signalName(sig)
+	a.log.Warn().Str("signal", name).Msg("stopped the workers on a signal")
+	return &Result{ExitCode: 128 + int(sig), Restarts: restarts, Interrupted: name}
 }
 
 // membership wraps the rendezvous handler the agent was given.
