@@ -82,7 +82,7 @@ func run() error {
 	}
 	if rank == 0 {
 		fmt.Printf("parameters identical on all %d ranks (digest %016x), accuracy %.1f%%\n",
-			world, digests[0], 100*data.Accuracy(params))
+			world, uint64(digests[0]), 100*data.Accuracy(params))
 	}
 	return nil
 }
