@@ -26,6 +26,7 @@ test: build
 # A short run of every fuzz target, as CI does.
 fuzz:
 	$(GO) test -run '^$$' -fuzz '^FuzzDecode$$' -fuzztime $(FUZZTIME) ./rendezvous/
+	$(GO) test -run '^$$' -fuzz '^FuzzExpandHostlist$$' -fuzztime $(FUZZTIME) ./launcher/
 
 lint:
 	$(GO) vet ./...
