@@ -1,7 +1,6 @@
 package launcher
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"errors"
@@ -18,10 +17,9 @@ import (
 	"time"
 
 	"golang.org/x/crypto/ssh"
-)
 
-// sshdPath must be absolute: sshd re-executes itself.
-const sshdPath = "/usr/sbin/sshd"
+	"github.com/gorun/gorun/internal/sshtest"
+)
 
 // nastyValues survive a trip through the remote shell unchanged.
 var nastyValues = []string{"a b", "it's", `"dq"`, "$HOME", "`id`", "x\ny\n", `back\slash`, "", "*", "; exit 3"}
@@ -108,63 +106,27 @@ func TestSSHHandshakeTimeout(t *testing.T) {
 	}
 }
 
-// sshEnv is a throwaway client side: a key that every test server accepts
-// and a known_hosts file that the servers are added to.
-type sshEnv struct {
-	dir        string
-	key        string // the client's private key; key+".pub" is authorized
-	knownHosts string
-}
+// sshEnv is the client side of the tests' real OpenSSH servers.
+type sshEnv = sshtest.Env
+
+// testSSHD is a real sshd on a loopback address.
+type testSSHD = sshtest.SSHD
 
 // newSSHEnv skips the test when real OpenSSH servers cannot be started
 // here, except in CI, where they must be.
-func newSSHEnv(t *testing.T) *sshEnv {
-	t.Helper()
-	var missing []string
-	if os.Getuid() != 0 {
-		missing = append(missing, "root")
-	}
-	if _, err := os.Stat(sshdPath); err != nil {
-		missing = append(missing, sshdPath)
-	}
-	for _, tool := range []string{"ssh-keygen", "ssh-agent", "ssh-add"} {
-		if _, err := exec.LookPath(tool); err != nil {
-			missing = append(missing, tool)
-		}
-	}
-	if len(missing) > 0 {
-		if os.Getenv("CI") == "true" {
-			t.Fatalf("ssh tests need %v (apt-get install openssh-server openssh-client)", missing)
-		}
-		t.Skipf("ssh tests need %v", missing)
-	}
-	// sshd's privilege separation needs this empty directory.
-	if out, err := exec.Command("install", "-d", "-m", "0755", "-o", "root", "-g", "root", "/run/sshd").CombinedOutput(); err != nil {
-		t.Fatalf("install -d /run/sshd: %v: %s", err, out)
-	}
-	e := &sshEnv{dir: t.TempDir()}
-	e.key = filepath.Join(e.dir, "id_client")
-	e.knownHosts = filepath.Join(e.dir, "known_hosts")
-	keygen(t, e.key, "ed25519")
-	return e
-}
+func newSSHEnv(t *testing.T) *sshEnv { return sshtest.NewEnv(t) }
 
-// keygen writes a new key pair of typ at path, with a passphrase if one is
-// given.
 func keygen(t *testing.T, path, typ string, passphrase ...string) {
 	t.Helper()
-	out, err := exec.Command("ssh-keygen", "-q", "-t", typ, "-N", strings.Join(passphrase, ""), "-C", "gorun-test", "-f", path).CombinedOutput()
-	if err != nil {
-		t.Fatalf("ssh-keygen: %v: %s", err, out)
-	}
+	sshtest.Keygen(t, path, typ, passphrase...)
 }
 
-// config is the SSHConfig of the tests: nothing from $HOME or the agent.
-func (e *sshEnv) config(t *testing.T) SSHConfig {
+// testConfig is the SSHConfig of the tests: nothing from $HOME or the agent.
+func testConfig(t *testing.T, e *sshEnv) SSHConfig {
 	return SSHConfig{
-		IdentityFiles:  []string{e.key},
+		IdentityFiles:  []string{e.Key},
 		ConfigFile:     "none",
-		KnownHosts:     e.knownHosts,
+		KnownHosts:     e.KnownHosts,
 		AgentSocket:    "none",
 		ConnectTimeout: 5 * time.Second,
 		StopGrace:      time.Second,
@@ -172,170 +134,14 @@ func (e *sshEnv) config(t *testing.T) SSHConfig {
 	}
 }
 
-// testSSHD is a real sshd on a loopback address, with its own host keys
-// (ed25519 and ecdsa), run until the test ends.
-type testSSHD struct {
-	addr     string // ip:port
-	dir      string
-	pid      int
-	log      string
-	hostKeys map[string]ssh.PublicKey // by type
-	exited   chan struct{}
-}
-
-// startSSHD starts sshd on ip and a free port, with extra config lines, and
-// records its ed25519 key in e.knownHosts.
-func (e *sshEnv) startSSHD(t *testing.T, ip string, extra ...string) *testSSHD {
-	t.Helper()
-	l, err := net.Listen("tcp", ip+":0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := l.Addr().String()
-	l.Close()
-	_, port, _ := net.SplitHostPort(addr)
-	s := &testSSHD{addr: addr, dir: filepath.Join(e.dir, "sshd-"+ip+"-"+port), hostKeys: map[string]ssh.PublicKey{}, exited: make(chan struct{})}
-	if err := os.Mkdir(s.dir, 0o700); err != nil {
-		t.Fatal(err)
-	}
-	s.log = filepath.Join(s.dir, "sshd.log")
-	cfg := []string{
-		"Port " + port,
-		"ListenAddress " + ip,
-		"PidFile none",
-		"AuthorizedKeysFile " + e.key + ".pub",
-		"PubkeyAuthentication yes",
-		"PasswordAuthentication no",
-		"KbdInteractiveAuthentication no",
-		"PermitRootLogin prohibit-password",
-		"UsePAM no",      // no pam_loginuid trouble in containers
-		"StrictModes no", // the keys live under the 1777 /tmp
-		"UseDNS no",
-		"PrintMotd no",
-		"LogLevel DEBUG",
-		"MaxStartups 100:30:200",
-	}
-	for _, typ := range []string{"ed25519", "ecdsa"} {
-		key := filepath.Join(s.dir, "ssh_host_"+typ+"_key")
-		keygen(t, key, typ)
-		cfg = append(cfg, "HostKey "+key)
-		s.hostKeys[typ] = readPublicKey(t, key+".pub")
-	}
-	cfgFile := filepath.Join(s.dir, "sshd_config")
-	writeFile(t, cfgFile, strings.Join(append(cfg, extra...), "\n")+"\n")
-
-	cmd := exec.Command(sshdPath, "-D", "-f", cfgFile, "-E", s.log)
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	s.pid = cmd.Process.Pid
-	go func() { cmd.Wait(); close(s.exited) }()
-	t.Cleanup(func() {
-		// The listener, then its connections and their commands.
-		pids := append(descendants(s.pid), s.pid)
-		for _, pid := range pids {
-			syscall.Kill(pid, syscall.SIGKILL)
-		}
-		<-s.exited
-		if t.Failed() {
-			t.Logf("sshd %s log:\n%s", s.addr, readFile(t, s.log))
-		}
-	})
-	s.waitReady(t)
-	e.addKnownHost(t, s.addr, s.hostKeys["ed25519"])
-	return s
-}
-
-// waitReady waits until the server greets a connection with its banner.
-func (s *testSSHD) waitReady(t *testing.T) {
-	t.Helper()
-	deadline := time.Now().Add(5 * time.Second)
-	for {
-		conn, err := net.DialTimeout("tcp", s.addr, time.Second)
-		if err == nil {
-			conn.SetDeadline(time.Now().Add(time.Second))
-			banner, _ := bufio.NewReader(conn).ReadString('\n')
-			conn.Close()
-			if strings.HasPrefix(banner, "SSH-2.0-") {
-				return
-			}
-		}
-		select {
-		case <-s.exited:
-			t.Fatalf("sshd exited; log:\n%s", readFile(t, s.log))
-		default:
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("sshd on %s not ready: %v; log:\n%s", s.addr, err, readFile(t, s.log))
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-}
-
-// sessionPids are the processes serving the server's connections.
-func (s *testSSHD) sessionPids() []int { return descendants(s.pid) }
-
-func (e *sshEnv) addKnownHost(t *testing.T, addr string, key ssh.PublicKey) {
-	t.Helper()
-	if err := appendKnownHost(e.knownHosts, addr, key); err != nil {
-		t.Fatal(err)
-	}
-}
-
-func readPublicKey(t *testing.T, path string) ssh.PublicKey {
-	t.Helper()
-	key, _, _, _, err := ssh.ParseAuthorizedKey([]byte(readFile(t, path)))
-	if err != nil {
-		t.Fatal(err)
-	}
-	return key
-}
-
 func readFile(t *testing.T, path string) string {
 	t.Helper()
-	b, err := os.ReadFile(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return string(b)
+	return sshtest.ReadFile(t, path)
 }
 
 func writeFile(t *testing.T, path, text string) {
 	t.Helper()
-	if err := os.WriteFile(path, []byte(text), 0o600); err != nil {
-		t.Fatal(err)
-	}
-}
-
-// descendants lists the living descendants of pid.
-func descendants(pid int) []int {
-	parent := map[int]int{}
-	entries, _ := os.ReadDir("/proc")
-	for _, e := range entries {
-		p, err := strconv.Atoi(e.Name())
-		if err != nil {
-			continue
-		}
-		stat, err := os.ReadFile("/proc/" + e.Name() + "/stat")
-		if err != nil {
-			continue
-		}
-		fields := strings.Fields(string(stat[bytes.LastIndexByte(stat, ')')+1:]))
-		if len(fields) > 1 {
-			parent[p], _ = strconv.Atoi(fields[1])
-		}
-	}
-	var out []int
-	for p := range parent {
-		for a := parent[p]; a > 1; a = parent[a] {
-			if a == pid {
-				out = append(out, p)
-				break
-			}
-		}
-	}
-	return out
+	sshtest.WriteFile(t, path, text)
 }
 
 func dial(t *testing.T, host string, cfg SSHConfig) *SSHClient {
@@ -416,10 +222,10 @@ func waitExit(t *testing.T, p *SSHProcess, timeout time.Duration) (int, error) {
 
 func TestSSHRun(t *testing.T) {
 	e := newSSHEnv(t)
-	s := e.startSSHD(t, "127.0.0.1")
+	s := e.StartSSHD(t, "127.0.0.1")
 	// The server offers ecdsa first, but only its ed25519 key is known:
 	// this needs HostKeyAlgorithms from known_hosts.
-	c := dial(t, s.addr, e.config(t))
+	c := dial(t, s.Addr, testConfig(t, e))
 
 	t.Run("env and args", func(t *testing.T) {
 		var env []string
@@ -475,11 +281,11 @@ func TestSSHRun(t *testing.T) {
 
 func TestSSHTwoHosts(t *testing.T) {
 	e := newSSHEnv(t)
-	servers := []*testSSHD{e.startSSHD(t, "127.0.0.1"), e.startSSHD(t, "127.0.0.2")}
+	servers := []*testSSHD{e.StartSSHD(t, "127.0.0.1"), e.StartSSHD(t, "127.0.0.2")}
 	var procs []*SSHProcess
 	var outs []*waitingWriter
 	for i, s := range servers {
-		c := dial(t, s.addr, e.config(t))
+		c := dial(t, s.Addr, testConfig(t, e))
 		out := newWaitingWriter()
 		// Output must arrive while the command is still running.
 		p, err := c.Start(context.Background(), "", []string{"GORUN_RANK=" + strconv.Itoa(i)},
@@ -491,7 +297,7 @@ func TestSSHTwoHosts(t *testing.T) {
 		procs, outs = append(procs, p), append(outs, out)
 	}
 	for i, s := range servers {
-		outs[i].waitFor(t, fmt.Sprintf("rank %d on %s\n", i, strings.Replace(s.addr, ":", " ", 1)))
+		outs[i].waitFor(t, fmt.Sprintf("rank %d on %s\n", i, strings.Replace(s.Addr, ":", " ", 1)))
 	}
 	for _, p := range procs {
 		p.Close()
@@ -505,39 +311,39 @@ func TestSSHTwoHosts(t *testing.T) {
 
 func TestSSHHostKeys(t *testing.T) {
 	e := newSSHEnv(t)
-	s := e.startSSHD(t, "127.0.0.2")
-	cfg := e.config(t)
-	cfg.KnownHosts = filepath.Join(e.dir, "new", "known_hosts") // not there yet
+	s := e.StartSSHD(t, "127.0.0.2")
+	cfg := testConfig(t, e)
+	cfg.KnownHosts = filepath.Join(e.Dir, "new", "known_hosts") // not there yet
 	ctx := context.Background()
 
-	_, err := DialSSH(ctx, s.addr, cfg)
+	_, err := DialSSH(ctx, s.Addr, cfg)
 	var hk *HostKeyError
 	if !errors.As(err, &hk) || hk.Changed() {
 		t.Fatalf("unknown host: got %v", err)
 	}
-	for _, want := range []string{"launcher: ssh " + s.addr + ": unknown host key (", "SHA256:", "not in " + cfg.KnownHosts, "--ssh-accept-new"} {
+	for _, want := range []string{"launcher: ssh " + s.Addr + ": unknown host key (", "SHA256:", "not in " + cfg.KnownHosts, "--ssh-accept-new"} {
 		if !strings.Contains(err.Error(), want) {
 			t.Errorf("error %q lacks %q", err, want)
 		}
 	}
 
 	cfg.AcceptNew = true
-	dial(t, s.addr, cfg).Close()
+	dial(t, s.Addr, cfg).Close()
 	text := readFile(t, cfg.KnownHosts)
-	if !strings.HasPrefix(text, "["+strings.Replace(s.addr, ":", "]:", 1)+" ") || strings.Count(text, "\n") != 1 {
+	if !strings.HasPrefix(text, "["+strings.Replace(s.Addr, ":", "]:", 1)+" ") || strings.Count(text, "\n") != 1 {
 		t.Errorf("known_hosts after accept-new:\n%s", text)
 	}
 	cfg.AcceptNew = false
-	dial(t, s.addr, cfg).Close()
+	dial(t, s.Addr, cfg).Close()
 
 	// A changed key: the recorded one is not the server's.
-	other := filepath.Join(e.dir, "other_host_key")
+	other := filepath.Join(e.Dir, "other_host_key")
 	keygen(t, other, "ed25519")
-	writeFile(t, cfg.KnownHosts, "# old key\n"+knownHostsLine(s.addr, readPublicKey(t, other+".pub")))
+	writeFile(t, cfg.KnownHosts, "# old key\n"+knownHostsLine(s.Addr, sshtest.ReadPublicKey(t, other+".pub")))
 	before := readFile(t, cfg.KnownHosts)
 	for _, accept := range []bool{false, true} {
 		cfg.AcceptNew = accept
-		_, err := DialSSH(ctx, s.addr, cfg)
+		_, err := DialSSH(ctx, s.Addr, cfg)
 		if !errors.As(err, &hk) || !hk.Changed() {
 			t.Fatalf("changed key (accept-new %v): got %v", accept, err)
 		}
@@ -558,32 +364,32 @@ func knownHostsLine(addr string, key ssh.PublicKey) string {
 
 func TestSSHAuth(t *testing.T) {
 	e := newSSHEnv(t)
-	s := e.startSSHD(t, "127.0.0.1")
-	encrypted := filepath.Join(e.dir, "id_encrypted")
+	s := e.StartSSHD(t, "127.0.0.1")
+	encrypted := filepath.Join(e.Dir, "id_encrypted")
 	keygen(t, encrypted, "ed25519", "secret")
-	cfg := e.config(t)
-	cfg.IdentityFiles = []string{encrypted, filepath.Join(e.dir, "absent")}
+	cfg := testConfig(t, e)
+	cfg.IdentityFiles = []string{encrypted, filepath.Join(e.Dir, "absent")}
 
-	_, err := DialSSH(context.Background(), s.addr, cfg)
+	_, err := DialSSH(context.Background(), s.Addr, cfg)
 	var se *SSHError
 	if !errors.As(err, &se) || !strings.HasPrefix(se.Op, "auth") {
 		t.Fatalf("got %v, want an auth error", err)
 	}
-	for _, want := range []string{s.addr, "no ssh-agent", encrypted + " (has a passphrase)"} {
+	for _, want := range []string{s.Addr, "no ssh-agent", encrypted + " (has a passphrase)"} {
 		if !strings.Contains(err.Error(), want) {
 			t.Errorf("error %q lacks %q", err, want)
 		}
 	}
 
 	// The agent has the key.
-	sock := filepath.Join(e.dir, "agent.sock")
+	sock := filepath.Join(e.Dir, "agent.sock")
 	agent := exec.Command("ssh-agent", "-D", "-a", sock)
 	if err := agent.Start(); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { agent.Process.Kill(); agent.Wait() })
 	for i := 0; ; i++ {
-		add := exec.Command("ssh-add", e.key)
+		add := exec.Command("ssh-add", e.Key)
 		add.Env = append(os.Environ(), "SSH_AUTH_SOCK="+sock)
 		out, err := add.CombinedOutput()
 		if err == nil {
@@ -595,7 +401,7 @@ func TestSSHAuth(t *testing.T) {
 		time.Sleep(10 * time.Millisecond) // the agent is starting
 	}
 	cfg.AgentSocket = sock
-	c := dial(t, s.addr, cfg)
+	c := dial(t, s.Addr, cfg)
 	if _, _, code := run(t, c, "", nil, "true"); code != 0 {
 		t.Errorf("exit %d", code)
 	}
@@ -609,8 +415,8 @@ func TestSSHAuth(t *testing.T) {
 
 func TestSSHConfigFile(t *testing.T) {
 	e := newSSHEnv(t)
-	jump := e.startSSHD(t, "127.0.0.1", "AllowTcpForwarding yes")
-	target := e.startSSHD(t, "127.0.0.2", "AllowTcpForwarding yes")
+	jump := e.StartSSHD(t, "127.0.0.1", "AllowTcpForwarding yes")
+	target := e.StartSSHD(t, "127.0.0.2", "AllowTcpForwarding yes")
 	// Everything comes from the default places in $HOME.
 	home := t.TempDir()
 	t.Setenv("HOME", home)
@@ -618,13 +424,13 @@ func TestSSHConfigFile(t *testing.T) {
 	if err := os.MkdirAll(filepath.Join(home, ".ssh", "keys"), 0o700); err != nil {
 		t.Fatal(err)
 	}
-	if err := os.Rename(e.key, filepath.Join(home, ".ssh", "keys", "id")); err != nil {
+	if err := os.Rename(e.Key, filepath.Join(home, ".ssh", "keys", "id")); err != nil {
 		t.Fatal(err)
 	}
-	if err := os.Rename(e.knownHosts, filepath.Join(home, ".ssh", "known_hosts")); err != nil {
+	if err := os.Rename(e.KnownHosts, filepath.Join(home, ".ssh", "known_hosts")); err != nil {
 		t.Fatal(err)
 	}
-	hostPort := func(s *testSSHD) (string, string) { h, p, _ := net.SplitHostPort(s.addr); return h, p }
+	hostPort := func(s *testSSHD) (string, string) { h, p, _ := net.SplitHostPort(s.Addr); return h, p }
 	jh, jp := hostPort(jump)
 	th, tp := hostPort(target)
 	writeFile(t, filepath.Join(home, ".ssh", "config"), fmt.Sprintf(`
@@ -650,24 +456,24 @@ Host *
 		return strings.Replace(strings.TrimSpace(stdout), " ", ":", 1)
 	}
 	c := dial(t, "node2", cfg)
-	if got := hostOf(c); got != target.addr {
-		t.Errorf("node2 reached %s, want %s", got, target.addr)
+	if got := hostOf(c); got != target.Addr {
+		t.Errorf("node2 reached %s, want %s", got, target.Addr)
 	}
-	if c.Host() != "node2 ("+target.addr+")" {
+	if c.Host() != "node2 ("+target.Addr+")" {
 		t.Errorf("Host() = %q", c.Host())
 	}
 
-	forwards := func(s *testSSHD) int { return strings.Count(readFile(t, s.log), "server_request_direct_tcpip") }
+	forwards := func(s *testSSHD) int { return strings.Count(readFile(t, s.Log), "server_request_direct_tcpip") }
 	c = dial(t, "via-node1", cfg)
-	if got := hostOf(c); got != target.addr {
-		t.Errorf("via-node1 reached %s, want %s", got, target.addr)
+	if got := hostOf(c); got != target.Addr {
+		t.Errorf("via-node1 reached %s, want %s", got, target.Addr)
 	}
 	if forwards(jump) != 1 {
 		t.Errorf("the jump host forwarded %d connections, want 1", forwards(jump))
 	}
 	c = dial(t, "via-both", cfg)
-	if got := hostOf(c); got != target.addr {
-		t.Errorf("via-both reached %s, want %s", got, target.addr)
+	if got := hostOf(c); got != target.Addr {
+		t.Errorf("via-both reached %s, want %s", got, target.Addr)
 	}
 	if forwards(jump) != 2 || forwards(target) != 1 {
 		t.Errorf("jump hosts forwarded %d and %d connections, want 2 and 1", forwards(jump), forwards(target))
@@ -682,8 +488,8 @@ Host *
 
 func TestSSHStop(t *testing.T) {
 	e := newSSHEnv(t)
-	s := e.startSSHD(t, "127.0.0.1")
-	c := dial(t, s.addr, e.config(t))
+	s := e.StartSSHD(t, "127.0.0.1")
+	c := dial(t, s.Addr, testConfig(t, e))
 
 	t.Run("context", func(t *testing.T) {
 		ctx, cancel := context.WithCancel(context.Background())
@@ -719,11 +525,11 @@ func TestSSHStop(t *testing.T) {
 		}
 	})
 	t.Run("client close", func(t *testing.T) {
-		c := dial(t, s.addr, e.config(t))
+		c := dial(t, s.Addr, testConfig(t, e))
 		p, _ := startSleeper(t, context.Background(), c, "")
 		c.Close()
 		code, err := waitExit(t, p, 5*time.Second)
-		if code != -1 || err == nil || !strings.Contains(err.Error(), s.addr+": connection closed") {
+		if code != -1 || err == nil || !strings.Contains(err.Error(), s.Addr+": connection closed") {
 			t.Errorf("exit %d, %v", code, err)
 		}
 	})
@@ -732,13 +538,13 @@ func TestSSHStop(t *testing.T) {
 func TestSSHConnectionLost(t *testing.T) {
 	e := newSSHEnv(t)
 	t.Run("frozen server", func(t *testing.T) {
-		s := e.startSSHD(t, "127.0.0.1")
-		cfg := e.config(t)
+		s := e.StartSSHD(t, "127.0.0.1")
+		cfg := testConfig(t, e)
 		cfg.KeepAlive = 100 * time.Millisecond
-		c := dial(t, s.addr, cfg)
+		c := dial(t, s.Addr, cfg)
 		p, _ := startSleeper(t, context.Background(), c, "")
 		// The connection stays open, but nothing answers any more.
-		frozen := s.sessionPids()
+		frozen := s.SessionPids()
 		for _, pid := range frozen {
 			syscall.Kill(pid, syscall.SIGSTOP)
 		}
@@ -749,20 +555,20 @@ func TestSSHConnectionLost(t *testing.T) {
 		})
 		start := time.Now()
 		code, err := waitExit(t, p, 5*time.Second)
-		if code != -1 || !errors.Is(err, ErrSSHConnectionLost) || !strings.Contains(err.Error(), "launcher: ssh "+s.addr+": connection lost") {
+		if code != -1 || !errors.Is(err, ErrSSHConnectionLost) || !strings.Contains(err.Error(), "launcher: ssh "+s.Addr+": connection lost") {
 			t.Errorf("exit %d, %v", code, err)
 		}
 		t.Logf("lost after %v: %v", time.Since(start), err)
 	})
 	t.Run("killed server", func(t *testing.T) {
-		s := e.startSSHD(t, "127.0.0.2")
-		c := dial(t, s.addr, e.config(t))
+		s := e.StartSSHD(t, "127.0.0.2")
+		c := dial(t, s.Addr, testConfig(t, e))
 		p, _ := startSleeper(t, context.Background(), c, "")
-		for _, pid := range append(s.sessionPids(), s.pid) {
+		for _, pid := range append(s.SessionPids(), s.Pid) {
 			syscall.Kill(pid, syscall.SIGKILL)
 		}
 		code, err := waitExit(t, p, 5*time.Second)
-		if code != -1 || !errors.Is(err, ErrSSHConnectionLost) || !strings.Contains(err.Error(), s.addr) {
+		if code != -1 || !errors.Is(err, ErrSSHConnectionLost) || !strings.Contains(err.Error(), s.Addr) {
 			t.Errorf("exit %d, %v", code, err)
 		}
 	})

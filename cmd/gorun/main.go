@@ -12,6 +12,7 @@ import (
 	"os"
 	"os/signal"
 	"strings"
+	"syscall"
 
 	"github.com/rs/zerolog"
 	"github.com/urfave/cli/v2"
@@ -81,11 +82,13 @@ func newApp(stdout, stderr io.Writer, status *int) *cli.App {
 			"(PyTorch TCPStore protocol), gives every worker torchrun's environment (RANK, WORLD_SIZE,\n" +
 			"MASTER_ADDR...), supervises and restarts them, and exits with the root cause's exit code.\n" +
 			"Every flag also reads PET_<NAME> from the environment, as torchrun does.",
-		Flags:           flags(),
-		HideHelpCommand: true,
-		Writer:          stdout,
-		ErrWriter:       stderr,
-		ExitErrHandler:  func(*cli.Context, error) {},
+		Flags: append(flags(), headFlags()...),
+		// -x A=1,2 sets A to "1,2".
+		DisableSliceFlagSeparator: true,
+		HideHelpCommand:           true,
+		Writer:                    stdout,
+		ErrWriter:                 stderr,
+		ExitErrHandler:            func(*cli.Context, error) {},
 		Action: func(c *cli.Context) error {
 			if c.NArg() == 0 {
 				return usageError{errors.New("no program given: gorun [flags] PROGRAM [ARGS...]")}
@@ -94,7 +97,16 @@ func newApp(stdout, stderr io.Writer, status *int) *cli.App {
 			if err != nil {
 				return err
 			}
-			code, err := launch(c.Context, spec, log, stdout, stderr)
+			if headMode(c) {
+				plan, err := planHead(c, spec, log, stdout, stderr)
+				if err != nil {
+					return err
+				}
+				code, err := runHead(c.Context, plan, spec)
+				*status = code
+				return err
+			}
+			code, err := launch(c.Context, spec, log, stdout, stderr, c.Bool("exit-on-stdin-eof"))
 			*status = code
 			return err
 		},
@@ -102,12 +114,18 @@ func newApp(stdout, stderr io.Writer, status *int) *cli.App {
 }
 
 // launch runs the agent for spec and returns the exit status of the job.
-func launch(ctx context.Context, spec elastic.Spec, log zerolog.Logger, stdout, stderr io.Writer) (int, error) {
-	signals := make(chan os.Signal, 4)
+// With exitOnStdinEOF, EOF on stdin stops the job as SIGTERM would: a
+// remote agent's stdin is its SSH session, which ends when the head is gone.
+func launch(ctx context.Context, spec elastic.Spec, log zerolog.Logger, stdout, stderr io.Writer, exitOnStdinEOF bool) (int, error) {
+	osSignals := make(chan os.Signal, 4)
 	for _, s := range spec.Signals {
-		signal.Notify(signals, s)
+		signal.Notify(osSignals, s)
 	}
-	defer signal.Stop(signals)
+	defer signal.Stop(osSignals)
+	signals := (<-chan os.Signal)(osSignals)
+	if exitOnStdinEOF {
+		signals = stopOnStdinEOF(ctx, os.Stdin, osSignals, log)
+	}
 
 	exe, err := os.Executable()
 	if err != nil {
@@ -219,4 +237,43 @@ func newDynamic(ctx context.Context, spec *elastic.Spec, log zerolog.Logger) (re
 		Logger:            log,
 	})
 	return h, func() { ep.Close() }, nil
+}
+
+// stopOnStdinEOF returns the agent's signal channel: the signals of in,
+// plus SIGTERM once stdin reaches EOF. The head stops a remote agent by
+// closing its stdin and sending SIGTERM, which must count as one request,
+// not two (a second signal kills the workers at once): EOF after a signal
+// adds nothing, and the first SIGTERM after EOF is taken as the same request.
+func stopOnStdinEOF(ctx context.Context, stdin io.Reader, in <-chan os.Signal, log zerolog.Logger) <-chan os.Signal {
+	out := make(chan os.Signal, 4)
+	eof := make(chan struct{})
+	go func() {
+		io.Copy(io.Discard, stdin)
+		close(eof)
+	}()
+	go func() {
+		requested, fromEOF := false, false
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case s := <-in:
+				if fromEOF && s == syscall.SIGTERM {
+					fromEOF = false
+					continue
+				}
+				requested = true
+				out <- s
+			case <-eof:
+				eof = nil
+				if requested {
+					continue
+				}
+				log.Warn().Msg("stdin closed: the head is gone; stopping the workers")
+				requested, fromEOF = true, true
+				out <- syscall.SIGTERM
+			}
+		}
+	}()
+	return out
 }

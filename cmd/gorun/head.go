@@ -1,0 +1,246 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/rs/zerolog"
+	"github.com/urfave/cli/v2"
+
+	"github.com/gorun/gorun/elastic"
+	"github.com/gorun/gorun/launcher"
+)
+
+// envFileName is the file in the working directory whose VAR=value lines
+// the head forwards to every remote agent, like DeepSpeed's .deepspeed_env.
+const envFileName = ".gorun_env"
+
+// headFlags are the flags of head mode: launching the job on several hosts
+// over SSH from one command.
+func headFlags() []cli.Flag {
+	return []cli.Flag{
+		stringFlag("hosts", "", "launch over SSH on these hosts: HOST[:SLOTS],... (SLOTS defaults to --nproc-per-node)"),
+		stringFlag("hostfile", "", "launch over SSH on the hosts of FILE: one per line, 'host slots=N', 'host:N' or 'host'"),
+		stringFlag("include", "", "hosts (and GPU ids) to use, DeepSpeed syntax: host1@host2:0,1"),
+		stringFlag("exclude", "", "hosts (and GPU ids) to leave out, DeepSpeed syntax: host1@host2:0,1"),
+		&cli.StringSliceFlag{Name: "x", Usage: "forward VAR (the head's value) or set VAR=value on every host; repeatable"},
+		stringFlag("remote-gorun", "", "path of gorun on the remote hosts (default: this gorun's own path)"),
+		stringFlag("remote-dir", "", "working directory on the remote hosts (default: the current directory)"),
+		boolFlag("ssh-accept-new", "add unknown host keys to known_hosts (StrictHostKeyChecking=accept-new)"),
+		stringFlag("ssh-config", "", "ssh_config file (default ~/.ssh/config; none: read none)"),
+		&cli.StringSliceFlag{Name: "ssh-identity", Usage: "private key to log in with; repeatable"},
+		stringFlag("ssh-known-hosts", "", "known_hosts file (default: ssh_config's UserKnownHostsFile, then ~/.ssh/known_hosts)"),
+		&cli.BoolFlag{Name: "exit-on-stdin-eof", Hidden: true, Usage: "stop the job (as on SIGTERM) when stdin reaches EOF: set on remote agents"},
+	}
+}
+
+// headMode reports whether the command line asks for an SSH launch.
+func headMode(c *cli.Context) bool {
+	return c.String("hosts") != "" || c.String("hostfile") != ""
+}
+
+// headPlan is an SSH launch, checked and ready to start.
+type headPlan struct {
+	fanout launcher.Fanout
+}
+
+// planHead turns the command line into the head's plan, with a usageError
+// for anything malformed. spec is the already-validated agent spec.
+func planHead(c *cli.Context, spec elastic.Spec, log zerolog.Logger, stdout, stderr io.Writer) (*headPlan, error) {
+	var errs []error
+	fail := func(err error) { errs = append(errs, err) }
+	for _, name := range []string{"nnodes", "node-rank", "standalone", "master-addr", "master-port"} {
+		if c.IsSet(name) {
+			fail(fmt.Errorf("--%s cannot be combined with --hosts/--hostfile: the head sets it for every host", name))
+		}
+	}
+	if c.String("rdzv-backend") != "" && c.String("rdzv-backend") != "c10d" {
+		fail(fmt.Errorf("--rdzv-backend %q: --hosts/--hostfile use c10d", c.String("rdzv-backend")))
+	}
+	var hosts []launcher.Host
+	var err error
+	switch list, file := c.String("hosts"), c.String("hostfile"); {
+	case list != "" && file != "":
+		fail(errors.New("--hosts and --hostfile exclude each other"))
+	case list != "":
+		if hosts, err = launcher.ParseHostList(list, spec.NProcPerNode); err != nil {
+			fail(fmt.Errorf("--hosts: %w", err))
+		}
+	default:
+		f, err := os.Open(file)
+		if err != nil {
+			fail(fmt.Errorf("--hostfile: %w", err))
+			break
+		}
+		hosts, err = launcher.ParseHostfile(f, file, spec.NProcPerNode)
+		f.Close()
+		if err != nil {
+			fail(fmt.Errorf("--hostfile: %w", err))
+		}
+	}
+	if hosts != nil {
+		if hosts, err = launcher.SelectHosts(hosts, c.String("include"), c.String("exclude")); err != nil {
+			fail(err)
+		}
+	}
+	env, err := forwardedEnv(c.StringSlice("x"), envFileName, log)
+	if err != nil {
+		fail(err)
+	}
+
+	remoteGorun := c.String("remote-gorun")
+	if remoteGorun == "" {
+		if remoteGorun, err = os.Executable(); err != nil {
+			fail(fmt.Errorf("--remote-gorun: cannot find this gorun's path: %w", err))
+		}
+	}
+	remoteDir := c.String("remote-dir")
+	if remoteDir == "" {
+		if remoteDir, err = os.Getwd(); err != nil {
+			fail(fmt.Errorf("--remote-dir: %w", err))
+		}
+	}
+	runID := c.String("rdzv-id")
+	if runID == "none" || runID == "" {
+		runID = randomID()
+	}
+	endpoint := c.String("rdzv-endpoint")
+	if endpoint == "" && len(hosts) > 0 {
+		endpoint = net.JoinHostPort(hosts[0].Name, "29400")
+	}
+	if len(errs) > 0 {
+		return nil, usageError{errors.Join(errs...)}
+	}
+
+	prefix := firstNonEmpty(c.String("log-line-prefix-template"), "[${host}:${rank}]: ")
+	common := []string{"--nnodes", strconv.Itoa(len(hosts))}
+	var passed []string
+	for _, name := range []string{"rdzv-conf", "shutdown-timeout", "python", "role", "monitor-interval",
+		"redirects", "tee", "local-ranks-filter", "signals-to-handle", "hang-timeout", "log-dir", "log-format", "log-level"} {
+		if c.IsSet(name) {
+			passed = append(passed, "--"+name, c.String(name))
+		}
+	}
+	for _, name := range []string{"module", "no-python", "run-path", "virtual-local-rank", "timestamps"} {
+		if c.Bool(name) {
+			passed = append(passed, "--"+name)
+		}
+	}
+	program := append([]string{c.Args().First()}, c.Args().Tail()...)
+
+	agents := make([]launcher.RemoteAgent, len(hosts))
+	for i, h := range hosts {
+		argv := append([]string{remoteGorun}, common...)
+		argv = append(argv,
+			"--node-rank", strconv.Itoa(i),
+			"--nproc-per-node", strconv.Itoa(h.Slots),
+			"--rdzv-backend", "c10d",
+			"--rdzv-endpoint", endpoint,
+			"--rdzv-id", runID,
+			"--max-restarts", c.String("max-restarts"),
+			"--log-line-prefix-template", prefix)
+		argv = append(argv, passed...)
+		argv = append(argv, "--exit-on-stdin-eof", "--")
+		argv = append(argv, program...)
+		hostEnv := env
+		if h.GPUs != nil {
+			ids := make([]string, len(h.GPUs))
+			for j, g := range h.GPUs {
+				ids[j] = strconv.Itoa(g)
+			}
+			hostEnv = append(append([]string(nil), env...), "CUDA_VISIBLE_DEVICES="+strings.Join(ids, ","))
+		}
+		agents[i] = launcher.RemoteAgent{Host: h.Name, Argv: argv, Env: hostEnv}
+	}
+	sshCfg := launcher.SSHConfig{
+		IdentityFiles: c.StringSlice("ssh-identity"),
+		ConfigFile:    c.String("ssh-config"),
+		KnownHosts:    c.String("ssh-known-hosts"),
+		AcceptNew:     c.Bool("ssh-accept-new"),
+		Logger:        log,
+	}
+	return &headPlan{fanout: launcher.Fanout{
+		Agents:      agents,
+		Dir:         remoteDir,
+		SSH:         sshCfg,
+		Stdout:      stdout,
+		Stderr:      stderr,
+		StopTimeout: spec.ShutdownTimeout + 5*time.Second,
+		Logger:      log,
+	}}, nil
+}
+
+// forwardedEnv is the environment sent to every remote agent: the lines of
+// envFile (if it exists in the working directory), then the -x flags.
+func forwardedEnv(xs []string, envFile string, log zerolog.Logger) ([]string, error) {
+	var env []string
+	f, err := os.Open(envFile)
+	switch {
+	case errors.Is(err, os.ErrNotExist):
+	case err != nil:
+		return nil, fmt.Errorf("%s: %w", envFile, err)
+	default:
+		defer f.Close()
+		sc := bufio.NewScanner(f)
+		for n := 1; sc.Scan(); n++ {
+			line := strings.TrimSpace(sc.Text())
+			if line == "" || strings.HasPrefix(line, "#") {
+				continue
+			}
+			if k, _, ok := strings.Cut(line, "="); !ok || !validEnvName(k) {
+				return nil, fmt.Errorf("%s:%d: %q is not VAR=value", filepath.Base(envFile), n, line)
+			}
+			env = append(env, line)
+		}
+		if err := sc.Err(); err != nil {
+			return nil, fmt.Errorf("%s: %w", envFile, err)
+		}
+	}
+	for _, x := range xs {
+		k, _, hasValue := strings.Cut(x, "=")
+		if !validEnvName(k) {
+			return nil, fmt.Errorf("-x %q: want VAR or VAR=value", x)
+		}
+		if hasValue {
+			env = append(env, x)
+		} else if v, ok := os.LookupEnv(k); ok {
+			env = append(env, k+"="+v)
+		} else {
+			log.Warn().Msgf("-x %s: not set here; not forwarded", k)
+		}
+	}
+	return env, nil
+}
+
+func validEnvName(k string) bool {
+	if k == "" || (k[0] >= '0' && k[0] <= '9') {
+		return false
+	}
+	for _, r := range k {
+		if !(r == '_' || r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9') {
+			return false
+		}
+	}
+	return true
+}
+
+// runHead launches the job over SSH and returns its exit status.
+func runHead(ctx context.Context, plan *headPlan, spec elastic.Spec) (int, error) {
+	signals := make(chan os.Signal, 4)
+	for _, s := range spec.Signals {
+		signal.Notify(signals, s)
+	}
+	defer signal.Stop(signals)
+	plan.fanout.Signals = signals
+	return plan.fanout.Run(ctx)
+}

@@ -1,0 +1,236 @@
+package main
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/gorun/gorun/internal/sshtest"
+)
+
+// sshCluster is two "hosts", real sshd servers on 127.0.0.1 and 127.0.0.2
+// of this machine, and an ssh_config that reaches both.
+type sshCluster struct {
+	env     *sshtest.Env
+	servers []*sshtest.SSHD
+	config  string
+}
+
+func newSSHCluster(t *testing.T) *sshCluster {
+	t.Helper()
+	e := sshtest.NewEnv(t)
+	c := &sshCluster{env: e}
+	for _, ip := range []string{"127.0.0.1", "127.0.0.2"} {
+		// The node's name reaches its commands, to tell the hosts apart.
+		c.servers = append(c.servers, e.StartSSHD(t, ip, "SetEnv GORUN_TEST_NODE="+ip))
+	}
+	c.config = e.WriteSSHConfig(t, c.servers...)
+	return c
+}
+
+// head is a gorun head started in dir, in the background.
+func startHead(t *testing.T, dir string, args ...string) *agent {
+	t.Helper()
+	a := &agent{cmd: exec.Command(bin("gorun"), args...), done: make(chan struct{})}
+	a.cmd.Dir = dir
+	a.cmd.Env = testEnv(t)
+	a.cmd.Stdout, a.cmd.Stderr = &a.out, &a.out
+	if err := a.cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	go func() {
+		err := a.cmd.Wait()
+		var ee *exec.ExitError
+		if errors.As(err, &ee) {
+			a.code = ee.ExitCode()
+			if ws, ok := ee.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
+				a.code = 128 + int(ws.Signal())
+			}
+		}
+		close(a.done)
+	}()
+	t.Cleanup(func() {
+		a.cmd.Process.Kill()
+		<-a.done
+	})
+	return a
+}
+
+// headArgs is the start of a head's command line on the cluster.
+func (c *sshCluster) headArgs(t *testing.T, extra ...string) []string {
+	return append([]string{
+		"--ssh-config", c.config,
+		"--rdzv-endpoint", "127.0.0.1:" + strconv.Itoa(freePort(t)),
+		"--rdzv-conf", "last_call_timeout=0.5,heartbeat_interval=0.25,heartbeat_misses=3",
+		"--shutdown-timeout", "5",
+	}, extra...)
+}
+
+func TestSSHLaunch(t *testing.T) {
+	c := newSSHCluster(t)
+
+	t.Run("four ranks on two hosts", func(t *testing.T) {
+		dir := t.TempDir()
+		if err := os.WriteFile(filepath.Join(dir, ".gorun_env"), []byte("# forwarded\nGORUN_FILE=from file\n"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		worker := script(t, dir, "worker.sh", `echo "rank $RANK world $WORLD_SIZE group $GROUP_RANK node $GORUN_TEST_NODE x $GORUN_X file $GORUN_FILE pwd $PWD"`+"\n")
+		h := startHead(t, dir, c.headArgs(t, "--hosts", "127.0.0.1:2,127.0.0.2:2", "-x", "GORUN_X=a,b", worker)...)
+		if code := h.wait(t, 90*time.Second); code != 0 {
+			t.Fatalf("head exited %d:\n%s", code, h.out.String())
+		}
+		out := h.out.String()
+		line := regexp.MustCompile(`(?m)^\[[^:\]]+:(\d)\]: rank (\d) world 4 group (\d) node (127\.0\.0\.[12]) x a,b file from file pwd (.*)$`)
+		nodes := map[string][]string{}
+		seen := map[string]bool{}
+		for _, m := range line.FindAllStringSubmatch(out, -1) {
+			if m[1] != m[2] {
+				t.Errorf("line of rank %s tagged rank %s", m[2], m[1])
+			}
+			if m[5] != dir {
+				t.Errorf("rank %s ran in %s, not %s", m[2], m[5], dir)
+			}
+			seen[m[2]] = true
+			nodes[m[4]] = append(nodes[m[4]], m[3])
+		}
+		if len(seen) != 4 || len(nodes["127.0.0.1"]) != 2 || len(nodes["127.0.0.2"]) != 2 {
+			t.Fatalf("want ranks 0-3, two per host; got ranks %v, nodes %v:\n%s", seen, nodes, out)
+		}
+		for node, groups := range nodes {
+			if groups[0] != groups[1] {
+				t.Errorf("host %s has group ranks %v", node, groups)
+			}
+		}
+	})
+
+	t.Run("the root cause's status", func(t *testing.T) {
+		dir := t.TempDir()
+		worker := script(t, dir, "worker.sh", `if [ "$RANK" = 3 ]; then echo failing; exit 7; fi; sleep 2`+"\n")
+		h := startHead(t, dir, c.headArgs(t, "--hosts", "127.0.0.1:2,127.0.0.2:2", worker)...)
+		if code := h.wait(t, 90*time.Second); code != 7 {
+			t.Fatalf("head exited %d, want 7:\n%s", code, h.out.String())
+		}
+		if !strings.Contains(h.out.String(), ":3]: failing") {
+			t.Errorf("rank 3's line is missing:\n%s", h.out.String())
+		}
+	})
+
+	t.Run("unknown host key", func(t *testing.T) {
+		dir := t.TempDir()
+		// Only the first host is known.
+		var known []string
+		for _, l := range strings.SplitAfter(sshtest.ReadFile(t, c.env.KnownHosts), "\n") {
+			if strings.Contains(l, "[127.0.0.1]") {
+				known = append(known, l)
+			}
+		}
+		knownHosts := filepath.Join(dir, "known_hosts")
+		sshtest.WriteFile(t, knownHosts, strings.Join(known, ""))
+		worker := script(t, dir, "worker.sh", `touch "$0.started"; sleep 5`+"\n")
+		h := startHead(t, dir, c.headArgs(t, "--hosts", "127.0.0.1:2,127.0.0.2:2", "--ssh-known-hosts", knownHosts, worker)...)
+		code := h.wait(t, 30*time.Second)
+		out := h.out.String()
+		if code != 1 || !strings.Contains(out, "cannot reach host 127.0.0.2") || !strings.Contains(out, "unknown host key") {
+			t.Fatalf("want exit 1 naming 127.0.0.2 and its unknown key, got %d:\n%s", code, out)
+		}
+		time.Sleep(500 * time.Millisecond)
+		if _, err := os.Stat(worker + ".started"); err == nil {
+			t.Errorf("a worker started")
+		}
+	})
+
+	t.Run("bad hostfile", func(t *testing.T) {
+		dir := t.TempDir()
+		hostfile := filepath.Join(dir, "hosts")
+		sshtest.WriteFile(t, hostfile, "# two hosts\n127.0.0.1 slots=2\n127.0.0.2 slots=two\n")
+		worker := script(t, dir, "worker.sh", `touch "$0.started"`+"\n")
+		h := startHead(t, dir, c.headArgs(t, "--hostfile", hostfile, worker)...)
+		code := h.wait(t, 30*time.Second)
+		out := h.out.String()
+		if code != 2 || !strings.Contains(out, hostfile+":3:") {
+			t.Fatalf("want exit 2 naming line 3, got %d:\n%s", code, out)
+		}
+		if _, err := os.Stat(worker + ".started"); err == nil {
+			t.Errorf("a worker started")
+		}
+	})
+
+	t.Run("SIGINT stops every host", func(t *testing.T) {
+		h, pids := c.startSleepers(t)
+		h.cmd.Process.Signal(syscall.SIGINT)
+		if code := h.wait(t, 30*time.Second); code != 130 {
+			t.Fatalf("head exited %d, want 130:\n%s", code, h.out.String())
+		}
+		waitDead(t, pids, h)
+	})
+
+	t.Run("a lost connection fails the job", func(t *testing.T) {
+		h, pids := c.startSleepers(t)
+		// Kill the sshd processes serving 127.0.0.2, not the commands.
+		for _, pid := range c.servers[1].SessionPids() {
+			if comm, _ := os.ReadFile(fmt.Sprintf("/proc/%d/comm", pid)); strings.TrimSpace(string(comm)) == "sshd" {
+				syscall.Kill(pid, syscall.SIGKILL)
+			}
+		}
+		code := h.wait(t, 30*time.Second)
+		if code == 0 || !strings.Contains(h.out.String(), "host 127.0.0.2: the remote agent was lost") {
+			t.Fatalf("want a failure naming 127.0.0.2, got %d:\n%s", code, h.out.String())
+		}
+		waitDead(t, pids, h)
+	})
+}
+
+// startSleepers starts a head whose four workers record their pids and
+// sleep, and returns it once they all run.
+func (c *sshCluster) startSleepers(t *testing.T) (*agent, []int) {
+	t.Helper()
+	dir := t.TempDir()
+	worker := script(t, dir, "worker.sh", `echo $$ > "$0.pid.$RANK.tmp" && mv "$0.pid.$RANK.tmp" "$0.pid.$RANK" && exec sleep 300`+"\n")
+	h := startHead(t, dir, c.headArgs(t, "--hosts", "127.0.0.1:2,127.0.0.2:2", worker)...)
+	var pids []int
+	if !waitFor(60*time.Second, func() bool {
+		pids = pids[:0]
+		for r := range 4 {
+			b, err := os.ReadFile(fmt.Sprintf("%s.pid.%d", worker, r))
+			if err != nil {
+				return false
+			}
+			pid, _ := strconv.Atoi(strings.TrimSpace(string(b)))
+			pids = append(pids, pid)
+		}
+		return true
+	}) {
+		t.Fatalf("the workers did not all start:\n%s", h.out.String())
+	}
+	t.Cleanup(func() {
+		for _, pid := range pids {
+			if alive(pid) {
+				syscall.Kill(pid, syscall.SIGKILL)
+			}
+		}
+	})
+	return h, pids
+}
+
+// waitDead fails the test unless every pid is gone within 10 s.
+func waitDead(t *testing.T, pids []int, h *agent) {
+	t.Helper()
+	if !waitFor(10*time.Second, func() bool {
+		for _, pid := range pids {
+			if alive(pid) {
+				return false
+			}
+		}
+		return true
+	}) {
+		t.Fatalf("workers %v still alive after the head exited:\n%s", pids, h.out.String())
+	}
+}
