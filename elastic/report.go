@@ -33,10 +33,19 @@ func (f Failure) When() time.Time {
 }
 
 // sortRootCauseFirst orders failures by time, so the first one is the root
-// cause, as torchrun defines it (first observed failure).
+// cause, as torchrun defines it (first observed failure); failures that
+// their workers blamed on another rank come after all the others, since
+// near-simultaneous exits on different nodes are seen in any order.
 func sortRootCauseFirst(fs []Failure) {
-	sort.SliceStable(fs, func(i, j int) bool { return fs[i].When().Before(fs[j].When()) })
+	sort.SliceStable(fs, func(i, j int) bool {
+		if ci, cj := fs[i].collateral(), fs[j].collateral(); ci != cj {
+			return cj
+		}
+		return fs[i].When().Before(fs[j].When())
+	})
 }
+
+func (f Failure) collateral() bool { return f.Error != nil && f.Error.Collateral }
 
 // Result is how a job ended on this node.
 type Result struct {
@@ -115,18 +124,19 @@ func indentContinuation(s, indent string) string {
 // failureRecord is a Failure as agents exchange it through the store, so
 // that every node can report the failures of all.
 type failureRecord struct {
-	Round     int       `json:"round"`
-	Host      string    `json:"host"`
-	Rank      int       `json:"rank"`
-	LocalRank int       `json:"local_rank"`
-	Pid       int       `json:"pid"`
-	ExitCode  int       `json:"exit_code"`
-	Signal    int       `json:"signal,omitempty"`
-	Time      time.Time `json:"time"`
-	ErrorFile string    `json:"error_file,omitempty"`
-	Message   string    `json:"message,omitempty"`
-	Traceback string    `json:"traceback,omitempty"`
-	ErrorTime time.Time `json:"error_time,omitzero"`
+	Round      int       `json:"round"`
+	Host       string    `json:"host"`
+	Rank       int       `json:"rank"`
+	LocalRank  int       `json:"local_rank"`
+	Pid        int       `json:"pid"`
+	ExitCode   int       `json:"exit_code"`
+	Signal     int       `json:"signal,omitempty"`
+	Time       time.Time `json:"time"`
+	ErrorFile  string    `json:"error_file,omitempty"`
+	Message    string    `json:"message,omitempty"`
+	Traceback  string    `json:"traceback,omitempty"`
+	ErrorTime  time.Time `json:"error_time,omitzero"`
+	Collateral bool      `json:"collateral,omitempty"`
 }
 
 // encodeFailures renders fs as one line of JSON.
@@ -139,6 +149,7 @@ func encodeFailures(fs []Failure) []byte {
 		}
 		if f.Error != nil {
 			r.Message, r.Traceback, r.ErrorTime = f.Error.Message, f.Error.Traceback, f.Error.Timestamp
+			r.Collateral = f.Error.Collateral
 		}
 		records[i] = r
 	}
@@ -160,8 +171,8 @@ func decodeFailures(b []byte) ([]Failure, error) {
 			},
 			Round: r.Round, Host: r.Host, ErrorFile: r.ErrorFile,
 		}
-		if r.Message != "" || r.Traceback != "" || !r.ErrorTime.IsZero() {
-			fs[i].Error = &launcher.ErrorInfo{Message: r.Message, Traceback: r.Traceback, Timestamp: r.ErrorTime}
+		if r.Message != "" || r.Traceback != "" || !r.ErrorTime.IsZero() || r.Collateral {
+			fs[i].Error = &launcher.ErrorInfo{Message: r.Message, Traceback: r.Traceback, Timestamp: r.ErrorTime, Collateral: r.Collateral}
 		}
 	}
 	return fs, nil

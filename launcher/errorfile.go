@@ -17,6 +17,10 @@ type ErrorInfo struct {
 	Traceback string    // Python's call stack, when recorded
 	Timestamp time.Time // when the error was recorded; zero if absent
 	ErrorCode int       // exit code the agent stored, 0 if absent
+	// Collateral marks a failure the worker blames on another rank (gorun's
+	// runtime records it when a peer died), so that it is never taken for
+	// the root cause of a failure that happened at about the same time.
+	Collateral bool
 }
 
 // errorFile is torchelastic's JSON. "message" is normally an object, but
@@ -34,6 +38,7 @@ type errorMessage struct {
 	ExtraInfo struct {
 		PyCallstack string      `json:"py_callstack"`
 		Timestamp   json.Number `json:"timestamp"`
+		Collateral  string      `json:"gorun_collateral"`
 	} `json:"extraInfo"`
 }
 
@@ -73,6 +78,7 @@ func parseErrorFile(data []byte) (*ErrorInfo, error) {
 			return nil, fmt.Errorf("message is neither a string nor an object: %w", err)
 		}
 		info.Message, info.Traceback = msg.Message, msg.ExtraInfo.PyCallstack
+		info.Collateral = msg.ExtraInfo.Collateral == "true"
 		timestamp = msg.ExtraInfo.Timestamp
 		if msg.ErrorCode != 0 {
 			info.ErrorCode = msg.ErrorCode

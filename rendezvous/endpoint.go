@@ -94,11 +94,18 @@ func hostEndpoint(opts EndpointOptions) (*Endpoint, error) {
 	return &Endpoint{Store: view(), Heartbeats: view(), Hosting: true, server: srv}, nil
 }
 
-// Close stops serving the store, when this process hosts it. The views
-// belong to whoever uses them (the Dynamic handler closes them).
-func (e *Endpoint) Close() error {
+// Close stops serving the store, when this process hosts it, once every
+// other agent has disconnected or linger has passed: the agents that are
+// still reading the job's outcome (its failures, its exit barrier) must
+// not lose the store under them. The views belong to whoever uses them
+// (the Dynamic handler closes them).
+func (e *Endpoint) Close(linger time.Duration) error {
 	if e.server == nil {
 		return nil
+	}
+	deadline := time.Now().Add(linger)
+	for e.server.Clients() > 0 && time.Now().Before(deadline) {
+		time.Sleep(20 * time.Millisecond)
 	}
 	return e.server.Close()
 }

@@ -200,6 +200,13 @@ func (s *Server) Shutdown(ctx context.Context) error {
 	}
 }
 
+// Clients reports how many client connections are open.
+func (s *Server) Clients() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return len(s.conns)
+}
+
 // Close stops accepting and closes every connection at once.
 func (s *Server) Close() error {
 	return s.beginShutdown(func(c *conn) { c.nc.Close() })

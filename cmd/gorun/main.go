@@ -13,6 +13,7 @@ import (
 	"os/signal"
 	"strings"
 	"syscall"
+	"time"
 
 	"github.com/rs/zerolog"
 	"github.com/urfave/cli/v2"
@@ -141,16 +142,19 @@ func launch(ctx context.Context, spec elastic.Spec, log zerolog.Logger, stdout, 
 	if err != nil {
 		return 0, err
 	}
-	defer release()
 	agent := elastic.NewAgent(spec, elastic.Options{
 		Logger: log, Stdout: stdout, Stderr: stderr,
 		Rendezvous: rdzv, Signals: signals, Keeper: keeper,
 	})
 	result, err := agent.Run(ctx)
 	if err != nil {
+		release(false)
 		return 0, err
 	}
 	elastic.WriteReport(stderr, spec.Argv[0], result)
+	// A job that ended, rather than this agent being stopped, leaves the
+	// store up while other agents still read how it ended.
+	release(result.Interrupted == "")
 	return result.ExitCode, nil
 }
 
@@ -181,8 +185,9 @@ func isTerminal(w io.Writer) bool {
 }
 
 // newRendezvous returns the handler for spec's rendezvous backend, and
-// what to release once the job is over.
-func newRendezvous(ctx context.Context, spec *elastic.Spec, log zerolog.Logger) (rendezvous.Handler, func(), error) {
+// what to release once the job is over; release(true) lets the other
+// agents finish with a store this one hosts first.
+func newRendezvous(ctx context.Context, spec *elastic.Spec, log zerolog.Logger) (rendezvous.Handler, func(jobOver bool), error) {
 	if spec.Backend == "c10d" {
 		return newDynamic(ctx, spec, log)
 	}
@@ -199,13 +204,13 @@ func newRendezvous(ctx context.Context, spec *elastic.Spec, log zerolog.Logger) 
 		Port:     spec.MasterPort,
 		Timeout:  spec.StoreTimeout,
 		Logger:   log,
-	}), func() {}, nil
+	}), func(bool) {}, nil
 }
 
 // newDynamic hosts or joins the c10d store and returns the elastic
 // rendezvous on it. This node advertises --local-addr, else the address
 // it reaches the store from, which its peers can reach too.
-func newDynamic(ctx context.Context, spec *elastic.Spec, log zerolog.Logger) (rendezvous.Handler, func(), error) {
+func newDynamic(ctx context.Context, spec *elastic.Spec, log zerolog.Logger) (rendezvous.Handler, func(jobOver bool), error) {
 	d := spec.Dynamic
 	ep, err := rendezvous.OpenEndpoint(ctx, rendezvous.EndpointOptions{
 		Host: d.Host, Port: d.Port, IsHost: d.IsHost, Timeout: d.ReadTimeout, Logger: log,
@@ -216,7 +221,7 @@ func newDynamic(ctx context.Context, spec *elastic.Spec, log zerolog.Logger) (re
 	addr := spec.LocalAddr
 	if addr == "" {
 		if addr, err = rendezvous.LocalAddrTowards(d.Host, d.Port); err != nil {
-			ep.Close()
+			ep.Close(0)
 			return nil, nil, err
 		}
 	}
@@ -236,7 +241,13 @@ func newDynamic(ctx context.Context, spec *elastic.Spec, log zerolog.Logger) (re
 		MaxRestarts:       spec.MaxRestarts,
 		Logger:            log,
 	})
-	return h, func() { ep.Close() }, nil
+	return h, func(jobOver bool) {
+		linger := time.Duration(0)
+		if jobOver {
+			linger = d.CloseTimeout
+		}
+		ep.Close(linger)
+	}, nil
 }
 
 // stopOnStdinEOF returns the agent's signal channel: the signals of in,

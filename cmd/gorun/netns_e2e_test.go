@@ -113,7 +113,7 @@ func TestElasticNetworkPartition(t *testing.T) {
 	args := []string{
 		"--nnodes", "2:3", "--nproc-per-node", "1", "--rdzv-id", "partition",
 		"--rdzv-endpoint", h.addr(1) + ":29400",
-		"--rdzv-conf", "last_call_timeout=1.5,heartbeat_interval=0.25,heartbeat_misses=3,join_timeout=6,read_timeout=5",
+		"--rdzv-conf", "last_call_timeout=1.5,heartbeat_interval=0.25,heartbeat_misses=3,join_timeout=6,read_timeout=5,close_timeout=3",
 		bin("elastic"), "-steps", "150", "-step-delay", "20ms", "-every", "10", "-log-every", "10",
 		"-checkpoint", filepath.Join(dir, "ckpt"),
 	}

@@ -128,6 +128,7 @@ var collectives = map[string]collective{
 func main() {
 	if err := run(); err != nil {
 		fmt.Fprintln(os.Stderr, "allreduce-perf:", err)
+		dist.RecordError(err) // for the launcher's failure report
 		os.Exit(1)
 	}
 }

@@ -20,6 +20,7 @@ import (
 func main() {
 	if err := run(); err != nil {
 		fmt.Fprintln(os.Stderr, "ddp:", err)
+		dist.RecordError(err) // for the launcher's failure report
 		os.Exit(1)
 	}
 }
