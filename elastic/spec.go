@@ -48,7 +48,9 @@ type Spec struct {
 	// waits for the others (dynamic rendezvous).
 	ExitBarrierTimeout time.Duration
 
-	MaxRestarts      int
+	MaxRestarts int
+	// MonitorInterval is torchrun's polling period, accepted for
+	// compatibility: the agent sees every exit as it happens.
 	MonitorInterval  time.Duration
 	ShutdownTimeout  time.Duration
 	Signals          []syscall.Signal
