@@ -343,7 +343,7 @@ func (a *Agent) watch(ctx context.Context, att *attempt, changed <-chan struct{}
 				if all {
 					stop(syscall.SIGTERM)
 				}
-			} else if e.Failed() && !stopping && !hang.hung() {
+			} else if e.Failed() && !hang.hung() && (!stopping || failedOnItsOwn(e, out)) {
 				out.failures = append(out.failures, att.failure(e, a.spec.Host))
 				stop(syscall.SIGTERM)
 			}
@@ -381,6 +381,18 @@ func (a *Agent) watch(ctx context.Context, att *attempt, changed <-chan struct{}
 		<-stopped
 	}
 	return out
+}
+
+// failedOnItsOwn tells, once a failure has begun to stop the group,
+// whether another failed exit is a failure of its own rather than the
+// stop's doing: workers that fail together (one rank exits, its peers'
+// collectives fail) are seen in any order, and the one that failed first
+// must not be lost among the others. Exits by the stop's SIGTERM or
+// SIGKILL, and any exit after a signal or a round change stopped the
+// group, are the stop's doing.
+func failedOnItsOwn(e launcher.Exit, out outcome) bool {
+	return len(out.failures) > 0 && out.signal == 0 && !out.changed && out.err == nil &&
+		e.Signal != syscall.SIGTERM && e.Signal != syscall.SIGKILL
 }
 
 func signalName(sig syscall.Signal) string {
