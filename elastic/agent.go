@@ -150,16 +150,20 @@ func (a *Agent) roundChangesWithin(ctx context.Context, r *round, grace time.Dur
 	a.log.Info().Stringer("grace", grace).Msg("workers failed; checking that no node was lost before spending a restart")
 	t := time.NewTimer(grace)
 	defer t.Stop()
-	select {
-	case <-r.changed:
-		return true, 0
-	case s := <-a.opts.Signals:
-		sig, _ := s.(syscall.Signal)
-		return false, sig
-	case <-t.C:
-	case <-ctx.Done():
+	for {
+		select {
+		case <-r.changed:
+			return true, 0
+		case s := <-a.opts.Signals:
+			if sig, _ := s.(syscall.Signal); !isNotice(sig) {
+				return false, sig
+			}
+		case <-t.C:
+			return false, 0
+		case <-ctx.Done():
+			return false, 0
+		}
 	}
-	return false, 0
 }
 
 // interrupted is the result of a job stopped by sig.
@@ -355,6 +359,11 @@ func (a *Agent) watch(ctx context.Context, att *attempt, changed <-chan struct{}
 			stop(syscall.SIGTERM)
 		case s := <-a.opts.Signals:
 			sig, _ := s.(syscall.Signal)
+			if isNotice(sig) {
+				a.log.Info().Str("signal", signalName(sig)).Msg("forwarding a notice to the workers")
+				_ = att.group.Signal(sig)
+				continue
+			}
 			if stopping && out.signal != 0 {
 				a.log.Warn().Str("signal", signalName(sig)).Msg("second signal: killing the workers now")
 				_ = att.group.Signal(syscall.SIGKILL)
@@ -381,6 +390,13 @@ func (a *Agent) watch(ctx context.Context, att *attempt, changed <-chan struct{}
 		<-stopped
 	}
 	return out
+}
+
+// isNotice tells the signals that warn workers (Slurm's preemption and
+// time-limit notices) from those that stop them: notices are forwarded and
+// the job goes on.
+func isNotice(sig syscall.Signal) bool {
+	return sig == syscall.SIGUSR1 || sig == syscall.SIGUSR2
 }
 
 // failedOnItsOwn tells, once a failure has begun to stop the group,

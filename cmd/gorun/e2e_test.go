@@ -467,6 +467,11 @@ func TestStaticTwoNodeJob(t *testing.T) {
 	}
 }
 
+// listenLoopback listens on 127.0.0.1:port.
+func listenLoopback(port int) (net.Listener, error) {
+	return net.Listen("tcp", "127.0.0.1:"+strconv.Itoa(port))
+}
+
 func freePort(t *testing.T) int {
 	t.Helper()
 	l, err := net.Listen("tcp", "127.0.0.1:0")

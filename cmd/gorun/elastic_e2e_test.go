@@ -48,8 +48,14 @@ func startAgent(t *testing.T, args ...string) *agent {
 // startCommand starts name with args in the background, as an agent.
 func startCommand(t *testing.T, name string, args ...string) *agent {
 	t.Helper()
+	return startCommandEnv(t, testEnv(t), name, args...)
+}
+
+// startCommandEnv is startCommand with the environment env.
+func startCommandEnv(t *testing.T, env []string, name string, args ...string) *agent {
+	t.Helper()
 	a := &agent{cmd: exec.Command(name, args...), done: make(chan struct{})}
-	a.cmd.Env = testEnv(t)
+	a.cmd.Env = env
 	a.cmd.Stdout, a.cmd.Stderr = &a.out, &a.out
 	if err := a.cmd.Start(); err != nil {
 		t.Fatal(err)

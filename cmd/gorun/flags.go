@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"os"
 	"strconv"
 	"strings"
@@ -117,7 +118,7 @@ func specFromFlags(c *cli.Context, stderr io.Writer) (elastic.Spec, zerolog.Logg
 		ShutdownTimeout:  secondsFlag("shutdown-timeout", firstNonEmpty(c.String("shutdown-timeout"), os.Getenv("TORCH_ELASTIC_SHUTDOWN_TIMEOUT"), "30")),
 		VirtualLocalRank: c.Bool("virtual-local-rank"),
 		Timestamps:       c.Bool("timestamps"),
-		PrefixTemplate:   firstNonEmpty(c.String("log-line-prefix-template"), os.Getenv("TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE"), "[rank${rank}]: "),
+		PrefixTemplate:   firstNonEmpty(c.String("log-line-prefix-template"), os.Getenv("TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE"), launcher.DefaultPrefixTemplate),
 		ShareStore:       os.Getenv("TORCH_DISABLE_SHARE_RDZV_TCP_STORE") != "1",
 		StoreTimeout:     900 * time.Second,
 		Env:              os.Environ(),
@@ -145,6 +146,28 @@ func specFromFlags(c *cli.Context, stderr io.Writer) (elastic.Spec, zerolog.Logg
 	}
 	s.Backend = c.String("rdzv-backend")
 	endpoint := c.String("rdzv-endpoint")
+	slurm, inSlurm, err := launcher.DetectSlurm(os.LookupEnv)
+	if err != nil {
+		fail(err)
+	}
+	// Inside an srun step, with no say of the user's, Slurm says how many
+	// nodes there are, which one this is, and where the store is.
+	if inSlurm && !c.IsSet("nnodes") && endpoint == "" && !c.Bool("standalone") {
+		s.MinNodes, s.MaxNodes = slurm.NNodes, slurm.NNodes
+		endpoint = net.JoinHostPort(slurm.Nodes[0], strconv.Itoa(slurm.Port()))
+		s.Backend = "c10d"
+		if !c.IsSet("node-rank") {
+			s.NodeRank = slurm.NodeRank
+		}
+		if !c.IsSet("rdzv-id") {
+			s.RunID = "slurm-" + slurm.JobID
+		}
+		if c.String("nproc-per-node") == "auto" && slurm.GPUsOnNode > 0 {
+			s.NProcPerNode = slurm.GPUsOnNode
+		}
+		log.Info().Str("job", slurm.JobID).Int("nodes", slurm.NNodes).Int("node_rank", slurm.NodeRank).
+			Str("endpoint", endpoint).Msg("inside a Slurm step")
+	}
 	if s.Backend == "" {
 		s.Backend = "static"
 		if s.MinNodes != s.MaxNodes || endpoint != "" {
@@ -188,7 +211,13 @@ func specFromFlags(c *cli.Context, stderr io.Writer) (elastic.Spec, zerolog.Logg
 			s.RunID = randomID()
 		}
 	}
-	if s.Signals, err = elastic.ParseSignals(c.String("signals-to-handle")); err != nil {
+	signals := c.String("signals-to-handle")
+	if inSlurm && !c.IsSet("signals-to-handle") {
+		// Slurm warns of preemption or a time limit (--signal) with USR1
+		// or USR2, which workers want in order to checkpoint.
+		signals += ",SIGUSR1,SIGUSR2"
+	}
+	if s.Signals, err = elastic.ParseSignals(signals); err != nil {
 		fail(err)
 	}
 	if s.Redirects, err = launcher.ParseStd(c.String("redirects"), s.NProcPerNode); err != nil {

@@ -1,0 +1,91 @@
+package main
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// slurmStep is the environment srun gives one task per node of a step,
+// here for nodes that are all this machine.
+func slurmStep(job, nodes, node int) []string {
+	return []string{
+		"SLURM_JOB_ID=" + strconv.Itoa(job), "SLURM_STEP_ID=0",
+		"SLURM_STEP_NUM_NODES=" + strconv.Itoa(nodes), "SLURM_NODEID=" + strconv.Itoa(node),
+		"SLURM_STEP_NODELIST=" + strings.TrimSuffix(strings.Repeat("localhost,", nodes), ","),
+	}
+}
+
+// A job id whose derived port is free on this machine right now.
+func slurmJobID(t *testing.T) int {
+	for range 50 {
+		job := 1000 + rand.IntN(9000)
+		if l, err := listenLoopback(29400 + job%10000); err == nil {
+			l.Close()
+			return job
+		}
+	}
+	t.Fatal("no free port for a Slurm job id")
+	return 0
+}
+
+// `srun gorun ./worker` needs no flags: two "nodes" of an srun step form
+// one job from Slurm's variables alone. (A real Slurm cluster runs this in
+// issue 5's tests; here the step's environment is given by hand.)
+func TestSlurmStepNeedsNoFlags(t *testing.T) {
+	job := slurmJobID(t)
+	dir := t.TempDir()
+	w := script(t, dir, "w.sh", `echo "rank=$RANK world=$WORLD_SIZE node=$GROUP_RANK/$GROUP_WORLD_SIZE run=$TORCHELASTIC_RUN_ID"`+"\n")
+	agents := make([]*agent, 2)
+	for node := range agents {
+		agents[node] = startCommandEnv(t, append(testEnv(t), slurmStep(job, 2, node)...), bin("gorun"), "--nproc-per-node", "2",
+			"--rdzv-conf", "last_call_timeout=0.5", w)
+	}
+	var all string
+	for i, a := range agents {
+		if code := a.wait(t, 60*time.Second); code != 0 {
+			t.Fatalf("node %d exited %d:\n%s", i, code, a.out.String())
+		}
+		all += a.out.String()
+	}
+	for r := 0; r < 4; r++ {
+		want := fmt.Sprintf("rank=%d world=4 node=%d/2 run=slurm-%d", r, r/2, job)
+		if !strings.Contains(all, want) {
+			t.Errorf("missing %q:\n%s", want, all)
+		}
+	}
+}
+
+// Under Slurm, USR1 (a preemption or time-limit notice) reaches the
+// workers and the job goes on.
+func TestSlurmNoticeIsForwarded(t *testing.T) {
+	job := slurmJobID(t)
+	dir := t.TempDir()
+	w := script(t, dir, "w.sh", `
+trap 'echo "got USR1"; exit 0' USR1
+echo ready > "`+dir+`/ready.$RANK"
+i=0; while [ $i -lt 600 ]; do sleep 0.05; i=$((i+1)); done
+exit 3
+`)
+	a := startCommandEnv(t, append(testEnv(t), slurmStep(job, 1, 0)...), bin("gorun"), "--nproc-per-node", "2", w)
+	if !waitFor(30*time.Second, func() bool {
+		_, e0 := os.Stat(filepath.Join(dir, "ready.0"))
+		_, e1 := os.Stat(filepath.Join(dir, "ready.1"))
+		return e0 == nil && e1 == nil
+	}) {
+		t.Fatalf("workers did not start:\n%s", a.out.String())
+	}
+	a.cmd.Process.Signal(syscall.SIGUSR1)
+	if code := a.wait(t, 30*time.Second); code != 0 {
+		t.Fatalf("want the job to finish after the notice, got %d:\n%s", code, a.out.String())
+	}
+	if strings.Count(a.out.String(), "got USR1") != 2 {
+		t.Errorf("USR1 did not reach both workers:\n%s", a.out.String())
+	}
+}

@@ -1,0 +1,45 @@
+package launcher
+
+import (
+	"slices"
+	"strings"
+	"testing"
+)
+
+func TestDetectSlurm(t *testing.T) {
+	env := func(vars map[string]string) func(string) (string, bool) {
+		return func(k string) (string, bool) { v, ok := vars[k]; return v, ok }
+	}
+	step := map[string]string{
+		"SLURM_JOB_ID": "4242", "SLURM_STEP_ID": "0", "SLURM_STEP_NUM_NODES": "3", "SLURM_NODEID": "1",
+		"SLURM_STEP_NODELIST": "node[01-03]", "SLURM_GPUS_ON_NODE": "4",
+	}
+	got, ok, err := DetectSlurm(env(step))
+	if err != nil || !ok {
+		t.Fatalf("DetectSlurm = %v, %v", ok, err)
+	}
+	if got.JobID != "4242" || got.NNodes != 3 || got.NodeRank != 1 || got.GPUsOnNode != 4 ||
+		!slices.Equal(got.Nodes, []string{"node01", "node02", "node03"}) || got.Port() != 29400+4242 {
+		t.Errorf("DetectSlurm = %+v, port %d", got, got.Port())
+	}
+
+	// The batch script itself has a job but no step: not for gorun to use.
+	batch := map[string]string{"SLURM_JOB_ID": "7", "SLURM_NNODES": "2", "SLURM_JOB_NODELIST": "a,b"}
+	if _, ok, err := DetectSlurm(env(batch)); ok || err != nil {
+		t.Errorf("the batch step was taken for an srun step: %v, %v", ok, err)
+	}
+	if _, ok, _ := DetectSlurm(env(nil)); ok {
+		t.Error("outside Slurm, DetectSlurm found a step")
+	}
+
+	for key, bad := range map[string]string{"SLURM_NODEID": "x", "SLURM_STEP_NODELIST": "n[1-", "SLURM_STEP_NUM_NODES": "9"} {
+		vars := map[string]string{}
+		for k, v := range step {
+			vars[k] = v
+		}
+		vars[key] = bad
+		if _, _, err := DetectSlurm(env(vars)); err == nil || !strings.HasPrefix(err.Error(), "launcher: slurm: ") {
+			t.Errorf("%s=%q: want a slurm error, got %v", key, bad, err)
+		}
+	}
+}
