@@ -357,9 +357,6 @@ func TestProcessesRunCollectives(t *testing.T) {
 // TestProcessKilledDuringAllReduce: kill -9 one rank in the middle of a
 // 64 MiB all_reduce; every other rank fails within 5 s, naming it.
 func TestProcessKilledDuringAllReduce(t *testing.T) {
-	if testing.Short() {
-		t.Skip("64 MiB per rank")
-	}
 	for _, transport := range []string{"auto", "unix", "tcp"} {
 		t.Run(transport, func(t *testing.T) {
 			before := sharedSegments(t)

@@ -51,27 +51,38 @@ func TestClientDialNamesAddress(t *testing.T) {
 // TestClientDialRetries: Dial keeps trying until the server is up, as
 // workers do while the launcher starts its store.
 func TestClientDialRetries(t *testing.T) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	mustDo(t, err)
-	addr := l.Addr().String()
-	l.Close()
-	dialed := make(chan error, 1)
-	go func() {
-		c, err := Dial(ctxTimeout(t, testTimeout), addr, ClientOptions{})
-		if err == nil {
-			c.Close()
+	// Another process may take the freed port meanwhile; a few tries with
+	// fresh ports make that race harmless.
+	for try := 0; try < 5; try++ {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		mustDo(t, err)
+		addr := l.Addr().String()
+		l.Close()
+		dialed := make(chan error, 1)
+		ctx, cancel := context.WithTimeout(context.Background(), testTimeout)
+		go func() {
+			c, err := Dial(ctx, addr, ClientOptions{})
+			if err == nil {
+				c.Close()
+			}
+			dialed <- err
+		}()
+		time.Sleep(50 * time.Millisecond) // let a few attempts fail
+		l, err = net.Listen("tcp", addr)
+		if err != nil {
+			cancel()
+			<-dialed
+			continue
 		}
-		dialed <- err
-	}()
-	time.Sleep(50 * time.Millisecond) // let a few attempts fail
-	l, err = net.Listen("tcp", addr)
-	if err != nil {
-		t.Skipf("port taken meanwhile: %v", err)
+		srv := NewServer(ServerOptions{})
+		go srv.Serve(l)
+		err = <-dialed
+		srv.Close()
+		cancel()
+		mustDo(t, err)
+		return
 	}
-	srv := NewServer(ServerOptions{})
-	go srv.Serve(l)
-	defer srv.Close()
-	mustDo(t, <-dialed)
+	t.Fatal("no free port stayed free for 50 ms in 5 tries")
 }
 
 func TestClientTimeoutsNameKeys(t *testing.T) {

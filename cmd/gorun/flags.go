@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"crypto/rand"
 	"encoding/hex"
 	"errors"
@@ -100,7 +101,7 @@ func specFromFlags(c *cli.Context, stderr io.Writer) (elastic.Spec, zerolog.Logg
 
 	level := c.String("log-level")
 	if level == "" {
-		level = envOr("LOGLEVEL", "info")
+		level = cmp.Or(os.Getenv("LOGLEVEL"), "info")
 	}
 	log, err := newLogger(stderr, c.String("log-format"), level)
 	if err != nil {
@@ -115,10 +116,10 @@ func specFromFlags(c *cli.Context, stderr io.Writer) (elastic.Spec, zerolog.Logg
 		MaxRestarts:      intFlag("max-restarts"),
 		NodeRank:         intFlag("node-rank"),
 		MonitorInterval:  secondsFlag("monitor-interval", c.String("monitor-interval")),
-		ShutdownTimeout:  secondsFlag("shutdown-timeout", firstNonEmpty(c.String("shutdown-timeout"), os.Getenv("TORCH_ELASTIC_SHUTDOWN_TIMEOUT"), "30")),
+		ShutdownTimeout:  secondsFlag("shutdown-timeout", cmp.Or(c.String("shutdown-timeout"), os.Getenv("TORCH_ELASTIC_SHUTDOWN_TIMEOUT"), "30")),
 		VirtualLocalRank: c.Bool("virtual-local-rank"),
 		Timestamps:       c.Bool("timestamps"),
-		PrefixTemplate:   firstNonEmpty(c.String("log-line-prefix-template"), os.Getenv("TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE"), launcher.DefaultPrefixTemplate),
+		PrefixTemplate:   cmp.Or(c.String("log-line-prefix-template"), os.Getenv("TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE"), launcher.DefaultPrefixTemplate),
 		ShareStore:       os.Getenv("TORCH_DISABLE_SHARE_RDZV_TCP_STORE") != "1",
 		StoreTimeout:     900 * time.Second,
 		Env:              os.Environ(),
@@ -255,7 +256,7 @@ func specFromFlags(c *cli.Context, stderr io.Writer) (elastic.Spec, zerolog.Logg
 	if module && noPython {
 		fail(errors.New("--module and --no-python exclude each other"))
 	}
-	python := firstNonEmpty(c.String("python"), os.Getenv("PYTHON_EXEC"), "python3")
+	python := cmp.Or(c.String("python"), os.Getenv("PYTHON_EXEC"), launcher.DefaultPython)
 	if runPath {
 		s.Argv = append([]string{python, "-u", program}, args...)
 	} else {
@@ -328,19 +329,6 @@ func splitEndpoint(endpoint string, defaultPort int) (string, int, error) {
 		return "", 0, fmt.Errorf("--rdzv-endpoint %q: bad port %q", endpoint, portText)
 	}
 	return host, port, nil
-}
-
-func firstNonEmpty(values ...string) string {
-	for _, v := range values {
-		if v != "" {
-			return v
-		}
-	}
-	return ""
-}
-
-func envOr(key, fallback string) string {
-	return firstNonEmpty(os.Getenv(key), fallback)
 }
 
 func randomID() string {

@@ -2,6 +2,7 @@ package main
 
 import (
 	"bufio"
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -122,7 +123,7 @@ func planHead(c *cli.Context, spec elastic.Spec, log zerolog.Logger, stdout, std
 		return nil, usageError{errors.Join(errs...)}
 	}
 
-	prefix := firstNonEmpty(c.String("log-line-prefix-template"), "[${host}:${rank}]: ")
+	prefix := cmp.Or(c.String("log-line-prefix-template"), "[${host}:${rank}]: ")
 	common := []string{"--nnodes", strconv.Itoa(len(hosts))}
 	var passed []string
 	for _, name := range []string{"rdzv-conf", "shutdown-timeout", "python", "role", "monitor-interval",
