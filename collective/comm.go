@@ -273,6 +273,20 @@ func (c *comm) begin(ctx context.Context, h header) (*op, error) {
 	return o, nil
 }
 
+// goneMember returns a member that can no longer take part, and why, or
+// an error of nil when every member is there.
+func (c *comm) goneMember() (int, error) {
+	for peer, w := range c.world {
+		if peer == c.rank {
+			continue
+		}
+		if err := c.t.peerGone(w); err != nil {
+			return peer, err
+		}
+	}
+	return -1, nil
+}
+
 // end finishes a collective begun by begin.
 func (c *comm) end(o *op, err error) error {
 	c.progress.Store(&progress{seq: o.hdr.seq, coll: o.hdr.coll})

@@ -308,8 +308,13 @@ func (o *op) pendingRanks() []int {
 	return ranks
 }
 
-// mismatch describes the frame r got instead of the one it wanted.
+// mismatch describes the frame r got instead of the one it wanted. While
+// a member is gone, frames out of step are the death's doing (a peer cut
+// off mid-pipeline), so the dead member is named instead.
 func (o *op) mismatch(r *recvReq) error {
+	if rank, err := o.c.goneMember(); err != nil {
+		return &PeerError{Rank: rank, Op: o.label(), Err: err}
+	}
 	peer := o.c.commRank(r.from, r.peer)
 	e := &MismatchError{
 		Viewer: o.c.rank,
