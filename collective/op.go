@@ -325,6 +325,16 @@ func (o *op) mismatch(r *recvReq) error {
 	want.offset, want.length, got.offset, got.length = 0, 0, 0, 0
 	switch prev := o.c.prev; {
 	case want == got:
+		// Both ranks are in the same call, so the sender's call broke
+		// mid-stream: its note saying why is on its way. Name that cause
+		// rather than the symptom.
+		timer := time.NewTimer(noteWait)
+		defer timer.Stop()
+		select {
+		case <-o.c.failed:
+			return o.c.err
+		case <-timer.C:
+		}
 		e.detail = fmt.Sprintf("expected %d bytes at offset %d, rank %d sent %d bytes at offset %d",
 			r.want.length, r.want.offset, peer, r.got.length, r.got.offset)
 	case got.seq < want.seq && got.seq == prev.seq:
