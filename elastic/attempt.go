@@ -57,6 +57,11 @@ func (a *Agent) startAttempt(rk ranks, restart, number int, master workerEndpoin
 				"GORUN_NODE_RANK": strconv.Itoa(rk.GroupRank),
 			},
 		}
+		if p := s.Placement; p != nil {
+			env.LocalRank, env.LocalWorldSize = p.LocalRank, p.LocalWorldSize
+			env.GroupRank, env.GroupWorldSize = p.NodeRank, p.NNodes
+			env.Extra["GORUN_NODE_RANK"] = strconv.Itoa(p.NodeRank)
+		}
 		if s.HangTimeout > 0 {
 			p, err := createProgressFile(dir, lr, rank)
 			if err != nil {
@@ -70,7 +75,7 @@ func (a *Agent) startAttempt(rk ranks, restart, number int, master workerEndpoin
 			att.closeOutput()
 			return nil, fmt.Errorf("elastic: environment of local rank %d: %w", lr, err)
 		}
-		prefix := launcher.FormatPrefix(s.PrefixTemplate, s.Role, rank, lr, s.Host)
+		prefix := launcher.FormatPrefix(s.PrefixTemplate, s.Role, rank, env.LocalRank, s.Host)
 		outW, err := att.sink(a.sinkFor(lr, true, logs), stdout, prefix, outPath)
 		var errW io.Writer
 		if err == nil {

@@ -55,6 +55,12 @@ type Spec struct {
 	ShutdownTimeout  time.Duration
 	Signals          []syscall.Signal
 	VirtualLocalRank bool
+	// Placement, when set, is where this node's one worker sits in the
+	// job as its workers see it (LOCAL_RANK, LOCAL_WORLD_SIZE, GROUP_RANK,
+	// GROUP_WORLD_SIZE), rather than where the rendezvous puts it: under
+	// `srun gorun --slurm-direct` each Slurm task is a "node" of one worker
+	// for the rendezvous, but Slurm decides its local rank and node.
+	Placement *Placement
 	// HangTimeout, when positive, restarts (or fails) a worker group in
 	// which a worker that uses the runtime made no progress for that long:
 	// see hang.go. Zero is off.
@@ -80,6 +86,12 @@ type Spec struct {
 	Env []string
 	// Host names this node in reports.
 	Host string
+}
+
+// Placement is a worker's place as Slurm (or another scheduler) decided it.
+type Placement struct {
+	LocalRank, LocalWorldSize int
+	NodeRank, NNodes          int
 }
 
 // DynamicSpec configures the c10d (dynamic) rendezvous: where its store is
@@ -127,6 +139,9 @@ func (s *Spec) Validate() error {
 	}
 	if s.Backend == "static" && s.MinNodes != s.MaxNodes {
 		errs = append(errs, fmt.Errorf("--nnodes %d:%d: a range needs --rdzv-backend c10d", s.MinNodes, s.MaxNodes))
+	}
+	if s.Placement != nil && s.NProcPerNode != 1 {
+		errs = append(errs, fmt.Errorf("a placed worker is one per node: --nproc-per-node must be 1, got %d", s.NProcPerNode))
 	}
 	if s.HangTimeout < 0 {
 		errs = append(errs, fmt.Errorf("--hang-timeout must not be negative, got %s", s.HangTimeout))

@@ -18,39 +18,61 @@ type SlurmStep struct {
 	GPUsOnNode int
 }
 
+// SlurmTask is one task of an srun step, for `srun gorun --slurm-direct`
+// where every Slurm task is one worker and Slurm, not gorun, places it.
+type SlurmTask struct {
+	SlurmStep
+	// Rank and Tasks are SLURM_PROCID and the step's task count.
+	Rank, Tasks int
+	// LocalRank is SLURM_LOCALID; LocalTasks counts the step's tasks on
+	// this node.
+	LocalRank, LocalTasks int
+}
+
+// slurmEnv reads Slurm's variables, remembering the first malformed one.
+type slurmEnv struct {
+	lookup func(string) (string, bool)
+	err    error
+}
+
+// get returns the first of keys that is set and not empty.
+func (e *slurmEnv) get(keys ...string) string {
+	for _, k := range keys {
+		if v, ok := e.lookup(k); ok && v != "" {
+			return v
+		}
+	}
+	return ""
+}
+
+// number is get as an integer.
+func (e *slurmEnv) number(keys ...string) int {
+	v := e.get(keys...)
+	n, err := strconv.Atoi(v)
+	if err != nil && e.err == nil {
+		e.err = fmt.Errorf("launcher: slurm: %s=%q is not a number", keys[0], v)
+	}
+	return n
+}
+
 // DetectSlurm reads the environment of an srun step. ok is false outside
 // one: no job, or the batch script itself (which has no step id), where
 // gorun must not take the whole allocation for its own.
 func DetectSlurm(lookupEnv func(string) (string, bool)) (step SlurmStep, ok bool, err error) {
-	get := func(keys ...string) string {
-		for _, k := range keys {
-			if v, ok := lookupEnv(k); ok && v != "" {
-				return v
-			}
-		}
-		return ""
-	}
-	step.JobID = get("SLURM_JOB_ID", "SLURM_JOBID")
-	if step.JobID == "" || get("SLURM_STEP_ID", "SLURM_STEPID") == "" {
+	env := &slurmEnv{lookup: lookupEnv}
+	step.JobID = env.get("SLURM_JOB_ID", "SLURM_JOBID")
+	if step.JobID == "" || env.get("SLURM_STEP_ID", "SLURM_STEPID") == "" {
 		return SlurmStep{}, false, nil
 	}
-	number := func(keys ...string) int {
-		v := get(keys...)
-		n, convErr := strconv.Atoi(v)
-		if convErr != nil && err == nil {
-			err = fmt.Errorf("launcher: slurm: %s=%q is not a number", keys[0], v)
-		}
-		return n
+	step.NNodes = env.number("SLURM_STEP_NUM_NODES", "SLURM_NNODES", "SLURM_JOB_NUM_NODES")
+	step.NodeRank = env.number("SLURM_NODEID")
+	if env.get("SLURM_GPUS_ON_NODE") != "" {
+		step.GPUsOnNode = env.number("SLURM_GPUS_ON_NODE")
 	}
-	step.NNodes = number("SLURM_STEP_NUM_NODES", "SLURM_NNODES", "SLURM_JOB_NUM_NODES")
-	step.NodeRank = number("SLURM_NODEID")
-	if get("SLURM_GPUS_ON_NODE") != "" {
-		step.GPUsOnNode = number("SLURM_GPUS_ON_NODE")
+	if env.err != nil {
+		return SlurmStep{}, false, env.err
 	}
-	if err != nil {
-		return SlurmStep{}, false, err
-	}
-	list := get("SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST", "SLURM_NODELIST")
+	list := env.get("SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST", "SLURM_NODELIST")
 	if step.Nodes, err = ExpandHostlist(list); err != nil {
 		return SlurmStep{}, false, fmt.Errorf("launcher: slurm: node list %q: %w", list, err)
 	}
@@ -58,6 +80,38 @@ func DetectSlurm(lookupEnv func(string) (string, bool)) (step SlurmStep, ok bool
 		return SlurmStep{}, false, fmt.Errorf("launcher: slurm: node %d of %d does not fit the node list %q", step.NodeRank, step.NNodes, list)
 	}
 	return step, true, nil
+}
+
+// DetectSlurmTask reads what DetectSlurm reads and this task's place in the
+// step; ok is false outside an srun step.
+func DetectSlurmTask(lookupEnv func(string) (string, bool)) (task SlurmTask, ok bool, err error) {
+	step, ok, err := DetectSlurm(lookupEnv)
+	if !ok || err != nil {
+		return SlurmTask{}, ok, err
+	}
+	env := &slurmEnv{lookup: lookupEnv}
+	task = SlurmTask{
+		SlurmStep: step,
+		Rank:      env.number("SLURM_PROCID"),
+		Tasks:     env.number("SLURM_STEP_NUM_TASKS", "SLURM_NTASKS", "SLURM_NPROCS"),
+		LocalRank: env.number("SLURM_LOCALID"),
+	}
+	perNode := env.get("SLURM_STEP_TASKS_PER_NODE", "SLURM_TASKS_PER_NODE")
+	if env.err != nil {
+		return SlurmTask{}, false, env.err
+	}
+	counts, err := ExpandTasksPerNode(perNode)
+	if err != nil {
+		return SlurmTask{}, false, err
+	}
+	if len(counts) != step.NNodes {
+		return SlurmTask{}, false, fmt.Errorf("launcher: slurm: tasks per node %q names %d nodes, the step has %d", perNode, len(counts), step.NNodes)
+	}
+	task.LocalTasks = counts[step.NodeRank]
+	if task.Tasks < 1 || task.Rank < 0 || task.Rank >= task.Tasks || task.LocalRank < 0 || task.LocalRank >= task.LocalTasks {
+		return SlurmTask{}, false, fmt.Errorf("launcher: slurm: task %d (local %d) does not fit %d tasks, %d on this node", task.Rank, task.LocalRank, task.Tasks, task.LocalTasks)
+	}
+	return task, true, nil
 }
 
 // Port is the rendezvous port every node of the job derives alike from

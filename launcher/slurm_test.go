@@ -43,3 +43,34 @@ func TestDetectSlurm(t *testing.T) {
 		}
 	}
 }
+
+func TestDetectSlurmTask(t *testing.T) {
+	vars := map[string]string{
+		"SLURM_JOB_ID": "9", "SLURM_STEP_ID": "1", "SLURM_STEP_NUM_NODES": "2", "SLURM_NODEID": "1",
+		"SLURM_STEP_NODELIST": "n[1-2]", "SLURM_PROCID": "3", "SLURM_STEP_NUM_TASKS": "5",
+		"SLURM_LOCALID": "0", "SLURM_STEP_TASKS_PER_NODE": "3,2",
+	}
+	lookup := func(k string) (string, bool) { v, ok := vars[k]; return v, ok }
+	got, ok, err := DetectSlurmTask(lookup)
+	if err != nil || !ok {
+		t.Fatalf("DetectSlurmTask = %v, %v", ok, err)
+	}
+	if got.Rank != 3 || got.Tasks != 5 || got.LocalRank != 0 || got.LocalTasks != 2 || got.NodeRank != 1 || got.Nodes[0] != "n1" {
+		t.Errorf("DetectSlurmTask = %+v", got)
+	}
+
+	for key, bad := range map[string]string{
+		"SLURM_PROCID":              "5", // past the task count
+		"SLURM_LOCALID":             "2", // past this node's tasks
+		"SLURM_STEP_TASKS_PER_NODE": "3", // one node's count for two nodes
+		"SLURM_STEP_NUM_TASKS":      "",  // missing
+	} {
+		old := vars[key]
+		vars[key] = bad
+		_, ok, err := DetectSlurmTask(lookup)
+		vars[key] = old
+		if ok || err == nil || !strings.HasPrefix(err.Error(), "launcher: ") {
+			t.Errorf("%s=%q: want an error, got %v, %v", key, bad, ok, err)
+		}
+	}
+}

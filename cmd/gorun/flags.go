@@ -55,6 +55,7 @@ func flags() []cli.Flag {
 		stringFlag("rdzv-id", "none", "job id shared by all nodes (TORCHELASTIC_RUN_ID)"),
 		stringFlag("rdzv-conf", "", "rendezvous settings k1=v1,...: join_timeout, last_call_timeout, close_timeout, heartbeat_interval, heartbeat_misses, failure_grace, is_host, read_timeout, exit_barrier_timeout, timeout (seconds)"),
 		boolFlag("standalone", "single-node job: store on an ephemeral loopback port, random run id"),
+		boolFlag("slurm-direct", "inside an srun step, run every Slurm task as one worker placed by Slurm (RANK=$SLURM_PROCID, LOCAL_RANK=$SLURM_LOCALID)"),
 		stringFlag("max-restarts", "0", "restarts of the worker group allowed after a failure"),
 		stringFlag("monitor-interval", "0.1", "seconds between health checks of the workers"),
 		stringFlag("role", "default", "role of the workers (ROLE_NAME)"),
@@ -152,8 +153,15 @@ func specFromFlags(c *cli.Context, stderr io.Writer) (elastic.Spec, zerolog.Logg
 		fail(err)
 	}
 	// Inside an srun step, with no say of the user's, Slurm says how many
-	// nodes there are, which one this is, and where the store is.
-	if inSlurm && !c.IsSet("nnodes") && endpoint == "" && !c.Bool("standalone") {
+	// nodes there are, which one this is, and where the store is; with
+	// --slurm-direct it also places every worker.
+	if c.Bool("slurm-direct") {
+		if err := slurmDirect(c, &s); err != nil {
+			fail(err)
+		}
+		log.Info().Str("job", slurm.JobID).Int("rank", s.NodeRank).Int("world_size", s.MaxNodes).
+			Msg("inside a Slurm step: this task is one worker")
+	} else if inSlurm && !c.IsSet("nnodes") && endpoint == "" && !c.Bool("standalone") {
 		s.MinNodes, s.MaxNodes = slurm.NNodes, slurm.NNodes
 		endpoint = net.JoinHostPort(slurm.Nodes[0], strconv.Itoa(slurm.Port()))
 		s.Backend = "c10d"
@@ -335,4 +343,36 @@ func randomID() string {
 	b := make([]byte, 8)
 	rand.Read(b)
 	return hex.EncodeToString(b)
+}
+
+// slurmDirect makes this Slurm task one worker: a static rendezvous of one
+// "node" per task on the step's first node, with the worker's local rank
+// and node as Slurm placed it.
+func slurmDirect(c *cli.Context, s *elastic.Spec) error {
+	task, ok, err := launcher.DetectSlurmTask(os.LookupEnv)
+	if err != nil {
+		return fmt.Errorf("--slurm-direct: %w", err)
+	}
+	if !ok {
+		return errors.New("--slurm-direct runs inside an srun step, and SLURM_JOB_ID or SLURM_STEP_ID is not set")
+	}
+	for _, placed := range []string{"nnodes", "node-rank", "rdzv-endpoint", "rdzv-backend", "master-addr", "master-port", "standalone"} {
+		if c.IsSet(placed) {
+			return fmt.Errorf("--slurm-direct takes the job's shape from Slurm: drop --%s", placed)
+		}
+	}
+	if c.IsSet("nproc-per-node") && c.String("nproc-per-node") != "1" {
+		return errors.New("--slurm-direct runs one worker per Slurm task: ask srun for tasks (--ntasks-per-node) instead of --nproc-per-node")
+	}
+	s.Backend, s.NProcPerNode = "static", 1
+	s.MinNodes, s.MaxNodes, s.NodeRank = task.Tasks, task.Tasks, task.Rank
+	s.MasterAddr, s.MasterPort = task.Nodes[0], task.Port()
+	if !c.IsSet("rdzv-id") {
+		s.RunID = "slurm-" + task.JobID
+	}
+	s.Placement = &elastic.Placement{
+		LocalRank: task.LocalRank, LocalWorldSize: task.LocalTasks,
+		NodeRank: task.NodeRank, NNodes: task.NNodes,
+	}
+	return nil
 }

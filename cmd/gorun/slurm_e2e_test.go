@@ -89,3 +89,66 @@ exit 3
 		t.Errorf("USR1 did not reach both workers:\n%s", a.out.String())
 	}
 }
+
+// directTask is the environment srun gives task rank of a step of tasks
+// tasks, perNode of them on each of its nodes (all this machine).
+func directTask(job, tasks, perNode, rank int) []string {
+	nodes := tasks / perNode
+	return append(slurmStep(job, nodes, rank/perNode),
+		"SLURM_PROCID="+strconv.Itoa(rank), "SLURM_LOCALID="+strconv.Itoa(rank%perNode),
+		"SLURM_STEP_NUM_TASKS="+strconv.Itoa(tasks),
+		fmt.Sprintf("SLURM_STEP_TASKS_PER_NODE=%d(x%d)", perNode, nodes))
+}
+
+// `srun gorun --slurm-direct`: every task is one worker placed by Slurm,
+// and real torch forms one gloo job from them.
+func TestSlurmDirectTaskIsOneWorker(t *testing.T) {
+	job := slurmJobID(t)
+	dir := t.TempDir()
+	w := script(t, dir, "w.sh", `echo "rank=$RANK local=$LOCAL_RANK/$LOCAL_WORLD_SIZE node=$GROUP_RANK/$GROUP_WORLD_SIZE world=$WORLD_SIZE"
+exec "$@"
+`)
+	agents := make([]*agent, 4)
+	for rank := range agents {
+		agents[rank] = startCommandEnv(t, append(testEnv(t), directTask(job, 4, 2, rank)...), bin("gorun"), "--slurm-direct",
+			w, python(t), "testdata/torch_collectives.py")
+	}
+	var all string
+	for i, a := range agents {
+		if code := a.wait(t, 60*time.Second); code != 0 {
+			t.Fatalf("task %d exited %d:\n%s", i, code, a.out.String())
+		}
+		all += a.out.String()
+	}
+	for r := 0; r < 4; r++ {
+		for _, want := range []string{
+			fmt.Sprintf("rank=%d local=%d/2 node=%d/2 world=4", r, r%2, r/2),
+			fmt.Sprintf("all_reduce rank=%d value=10", r),
+		} {
+			if !strings.Contains(all, want) {
+				t.Errorf("missing %q:\n%s", want, all)
+			}
+		}
+	}
+}
+
+// --slurm-direct outside srun, or with flags that would place workers
+// against Slurm, fails before anything starts.
+func TestSlurmDirectRefusesWhatSlurmDecides(t *testing.T) {
+	for _, tc := range []struct {
+		env  []string
+		args []string
+		want string
+	}{
+		{nil, nil, "--slurm-direct runs inside an srun step"},
+		{directTask(1, 2, 1, 0), []string{"--nproc-per-node", "2"}, "ask srun for tasks"},
+		{directTask(1, 2, 1, 0), []string{"--nnodes", "2"}, "drop --nnodes"},
+		{append(directTask(1, 2, 1, 0), "SLURM_LOCALID=5"), nil, "does not fit"},
+	} {
+		args := append(append([]string{"--slurm-direct"}, tc.args...), "/bin/true")
+		j := gorun(t, tc.env, args...)
+		if j.code != 2 || !strings.Contains(j.stderr, tc.want) {
+			t.Errorf("gorun %v: want exit 2 saying %q, got %s", args, tc.want, j)
+		}
+	}
+}
