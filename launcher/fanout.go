@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"slices"
 	"sync"
 	"syscall"
 	"time"
@@ -54,7 +55,12 @@ type Fanout struct {
 	// after one agent failed, before they are stopped (0 = 2 min: a c10d
 	// job's agents need the exit barrier and their workers' shutdown).
 	FailureGrace time.Duration
-	Logger       zerolog.Logger
+	// Stage, when set, is copied to every host that lacks it (see
+	// SSHClient.Stage), at StageTo or in the host's cache folder, and
+	// becomes each agent's Argv[0].
+	Stage   *Binary
+	StageTo string
+	Logger  zerolog.Logger
 }
 
 type remoteEnd struct {
@@ -108,6 +114,10 @@ func (f *Fanout) Run(ctx context.Context) (code int, err error) {
 		}
 	}
 	defer closeAll()
+	agents, err := f.stage(ctx, clients)
+	if err != nil {
+		return 0, err
+	}
 
 	stdout := NewConsole(f.Stdout, ConsoleOptions{})
 	stderr := NewConsole(f.Stderr, ConsoleOptions{})
@@ -120,7 +130,7 @@ func (f *Fanout) Run(ctx context.Context) (code int, err error) {
 	}()
 	// The processes outlive ctx: stopping them is Run's job, by signal.
 	runCtx := context.WithoutCancel(ctx)
-	for i, a := range f.Agents {
+	for i, a := range agents {
 		out, errOut := stdout.Writer(""), stderr.Writer("")
 		writers = append(writers, out, errOut)
 		p, err := clients[i].Start(runCtx, f.Dir, a.Env, a.Argv, out, errOut)
@@ -213,4 +223,32 @@ func (f *Fanout) Run(ctx context.Context) (code int, err error) {
 		return 128 + sig, nil
 	}
 	return status, nil
+}
+
+// stage copies f.Stage to every host that lacks it, all hosts at once, and
+// returns the agents with the staged path as their program; without
+// f.Stage it returns f.Agents as they are.
+func (f *Fanout) stage(ctx context.Context, clients []*SSHClient) ([]RemoteAgent, error) {
+	if f.Stage == nil {
+		return f.Agents, nil
+	}
+	agents := slices.Clone(f.Agents)
+	errs := make([]error, len(agents))
+	var wg sync.WaitGroup
+	for i := range agents {
+		wg.Go(func() {
+			path, copied, err := clients[i].Stage(ctx, *f.Stage, f.StageTo, agents[i].Env)
+			if err != nil {
+				errs[i] = err
+				return
+			}
+			agents[i].Argv = append([]string{path}, agents[i].Argv[1:]...)
+			f.Logger.Info().Str("host", agents[i].Host).Str("path", path).Bool("copied", copied).Msg("staged gorun")
+		})
+	}
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		return nil, fmt.Errorf("--stage-binary: %w", err)
+	}
+	return agents, nil
 }

@@ -296,6 +296,32 @@ func (c *SSHClient) Start(ctx context.Context, dir string, env, argv []string, s
 	return p, nil
 }
 
+// Output runs a short shell script on the remote host, with env added to
+// its environment and stdin fed from in (nil: none), and returns its
+// stdout. A non-zero exit is an error that carries the script's stderr.
+// ctx ends the session.
+func (c *SSHClient) Output(ctx context.Context, env []string, script string, in io.Reader) ([]byte, error) {
+	sess, err := c.client.NewSession()
+	if err != nil {
+		return nil, c.sessionError("session", err)
+	}
+	defer sess.Close()
+	stop := context.AfterFunc(ctx, func() { sess.Close() })
+	defer stop()
+	var stdout, stderr bytes.Buffer
+	sess.Stdin, sess.Stdout, sess.Stderr = in, &stdout, &stderr
+	if err := sess.Run(RemoteCommandLine("", env, []string{"sh", "-c", script})); err != nil {
+		if ctx.Err() != nil {
+			return nil, &SSHError{Host: c.name, Op: "run", Err: ctx.Err()}
+		}
+		if msg := strings.TrimSpace(stderr.String()); msg != "" {
+			err = fmt.Errorf("%w: %s", err, msg)
+		}
+		return nil, c.sessionError("run", err)
+	}
+	return stdout.Bytes(), nil
+}
+
 // sessionError wraps err of op, saying so when the connection is gone.
 func (c *SSHClient) sessionError(op string, err error) error {
 	if lost := c.connErr(); lost != nil {

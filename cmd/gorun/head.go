@@ -36,6 +36,7 @@ func headFlags() []cli.Flag {
 		stringFlag("exclude", "", "hosts (and GPU ids) to leave out, DeepSpeed syntax: host1@host2:0,1"),
 		&cli.StringSliceFlag{Name: "x", Usage: "forward VAR (the head's value) or set VAR=value on every host; repeatable"},
 		stringFlag("remote-gorun", "", "path of gorun on the remote hosts (default: this gorun's own path)"),
+		boolFlag("stage-binary", "copy this gorun to hosts that lack it (into ~/.cache/gorun, or to --remote-gorun), then run that copy"),
 		stringFlag("remote-dir", "", "working directory on the remote hosts (default: the current directory)"),
 		boolFlag("ssh-accept-new", "add unknown host keys to known_hosts (StrictHostKeyChecking=accept-new)"),
 		stringFlag("ssh-config", "", "ssh_config file (default ~/.ssh/config; none: read none)"),
@@ -100,11 +101,20 @@ func planHead(c *cli.Context, spec elastic.Spec, log zerolog.Logger, stdout, std
 	}
 
 	remoteGorun := c.String("remote-gorun")
-	if remoteGorun == "" {
-		if remoteGorun, err = os.Executable(); err != nil {
-			fail(fmt.Errorf("--remote-gorun: cannot find this gorun's path: %w", err))
-		}
+	self, err := os.Executable()
+	if err != nil && (remoteGorun == "" || c.Bool("stage-binary")) {
+		fail(fmt.Errorf("cannot find this gorun's path: %w", err))
 	}
+	var stage *launcher.Binary
+	if c.Bool("stage-binary") && err == nil {
+		b, err := launcher.OpenBinary(self)
+		if err != nil {
+			fail(fmt.Errorf("--stage-binary: %w", err))
+		}
+		stage = &b
+	}
+	stageTo := remoteGorun
+	remoteGorun = cmp.Or(remoteGorun, self)
 	remoteDir := c.String("remote-dir")
 	if remoteDir == "" {
 		if remoteDir, err = os.Getwd(); err != nil {
@@ -177,6 +187,8 @@ func planHead(c *cli.Context, spec elastic.Spec, log zerolog.Logger, stdout, std
 		Stdout:      stdout,
 		Stderr:      stderr,
 		StopTimeout: spec.ShutdownTimeout + 5*time.Second,
+		Stage:       stage,
+		StageTo:     stageTo,
 		Logger:      log,
 	}}, nil
 }

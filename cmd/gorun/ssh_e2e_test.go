@@ -1,6 +1,9 @@
 package main
 
 import (
+	"bytes"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"os"
@@ -144,6 +147,96 @@ func TestSSHLaunch(t *testing.T) {
 		time.Sleep(500 * time.Millisecond)
 		if _, err := os.Stat(worker + ".started"); err == nil {
 			t.Errorf("a worker started")
+		}
+	})
+
+	t.Run("accept-new adds unknown keys and never a changed one", func(t *testing.T) {
+		dir := t.TempDir()
+		knownHosts := filepath.Join(dir, "known_hosts")
+		worker := script(t, dir, "worker.sh", `echo "rank $RANK ran"`+"\n")
+		h := startHead(t, dir, c.headArgs(t, "--hosts", "127.0.0.1:1,127.0.0.2:1", "--ssh-known-hosts", knownHosts, "--ssh-accept-new", worker)...)
+		if code := h.wait(t, 90*time.Second); code != 0 || strings.Count(h.out.String(), " ran\n") != 2 {
+			t.Fatalf("head exited %d:\n%s", code, h.out.String())
+		}
+		added := sshtest.ReadFile(t, knownHosts)
+		for _, s := range c.servers {
+			if !strings.Contains(added, "["+strings.Replace(s.Addr, ":", "]:", 1)) {
+				t.Errorf("known_hosts lacks %s:\n%s", s.Addr, added)
+			}
+		}
+
+		// 127.0.0.2 now offers a key other than the one recorded.
+		other := filepath.Join(dir, "other_key")
+		sshtest.Keygen(t, other, "ed25519")
+		var lines []string
+		for _, l := range strings.Split(strings.TrimSpace(added), "\n") {
+			if strings.Contains(l, "[127.0.0.2]") {
+				fields := strings.Fields(l)
+				l = fields[0] + " " + strings.TrimSpace(sshtest.ReadFile(t, other+".pub"))
+			}
+			lines = append(lines, l)
+		}
+		sshtest.WriteFile(t, knownHosts, strings.Join(lines, "\n")+"\n")
+		h = startHead(t, dir, c.headArgs(t, "--hosts", "127.0.0.1:1,127.0.0.2:1", "--ssh-known-hosts", knownHosts, "--ssh-accept-new", worker)...)
+		code := h.wait(t, 30*time.Second)
+		if out := h.out.String(); code != 1 || !strings.Contains(out, "REMOTE HOST KEY CHANGED") || strings.Contains(out, " ran\n") {
+			t.Fatalf("want exit 1 refusing 127.0.0.2's changed key before anything runs, got %d:\n%s", code, out)
+		}
+	})
+
+	t.Run("include and exclude choose the hosts", func(t *testing.T) {
+		dir := t.TempDir()
+		worker := script(t, dir, "worker.sh", `echo "rank $RANK world $WORLD_SIZE node $GORUN_TEST_NODE"`+"\n")
+		for _, sel := range [][]string{{"--exclude", "127.0.0.1"}, {"--include", "127.0.0.2"}} {
+			args := append([]string{"--hosts", "127.0.0.1:2,127.0.0.2:2"}, sel...)
+			h := startHead(t, dir, c.headArgs(t, append(args, worker)...)...)
+			if code := h.wait(t, 90*time.Second); code != 0 {
+				t.Fatalf("%v: head exited %d:\n%s", sel, code, h.out.String())
+			}
+			out := h.out.String()
+			if strings.Count(out, "world 2 node 127.0.0.2") != 2 || strings.Contains(out, "node 127.0.0.1") {
+				t.Errorf("%v: want two ranks, both on 127.0.0.2:\n%s", sel, out)
+			}
+		}
+	})
+
+	t.Run("stage-binary copies gorun once", func(t *testing.T) {
+		dir := t.TempDir()
+		cache := filepath.Join(dir, "cache")
+		// The worker's parent is the remote agent: the staged copy.
+		worker := script(t, dir, "worker.sh", `echo "rank $RANK agent $(readlink /proc/$PPID/exe)"`+"\n")
+		want, err := os.ReadFile(bin("gorun"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		sum := sha256.Sum256(want)
+		staged := filepath.Join(cache, "gorun", "gorun-"+hex.EncodeToString(sum[:])[:16])
+		for run, copied := range []string{"copied=true", "copied=false"} {
+			h := startHead(t, dir, c.headArgs(t, "--hosts", "127.0.0.1:1,127.0.0.2:1", "-x", "XDG_CACHE_HOME="+cache, "--stage-binary", worker)...)
+			if code := h.wait(t, 90*time.Second); code != 0 {
+				t.Fatalf("run %d: head exited %d:\n%s", run, code, h.out.String())
+			}
+			out := h.out.String()
+			if strings.Count(out, "agent "+staged) != 2 {
+				t.Errorf("run %d: the agents did not run %s:\n%s", run, staged, out)
+			}
+			if run == 1 && strings.Contains(out, "copied=true") || !strings.Contains(out, copied) {
+				t.Errorf("run %d: want %s:\n%s", run, copied, out)
+			}
+		}
+		if got, err := os.ReadFile(staged); err != nil || !bytes.Equal(got, want) {
+			t.Errorf("the staged copy differs from gorun (%v)", err)
+		}
+
+		// A host that says it is another machine gets no copy it cannot run.
+		fake := filepath.Join(dir, "fakebin")
+		os.Mkdir(fake, 0o755)
+		script(t, fake, "uname", "echo Linux riscv64\n")
+		h := startHead(t, dir, c.headArgs(t, "--hosts", "127.0.0.1:1,127.0.0.2:1", "-x", "XDG_CACHE_HOME="+filepath.Join(dir, "other"),
+			"-x", "PATH="+fake+":/usr/bin:/bin", "--stage-binary", worker)...)
+		code := h.wait(t, 30*time.Second)
+		if out := h.out.String(); code != 1 || !strings.Contains(out, `the host is "Linux riscv64"`) || strings.Contains(out, "agent ") {
+			t.Fatalf("want exit 1 refusing a riscv64 host, got %d:\n%s", code, out)
 		}
 	})
 
