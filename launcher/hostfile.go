@@ -18,6 +18,10 @@ type Host struct {
 	Name string
 	// Slots is how many workers the host runs.
 	Slots int
+	// DefaultSlots reports that the entry named no count and Slots is the
+	// default given to the parser, which the host itself may know better
+	// (--nproc-per-node auto counts its own GPUs).
+	DefaultSlots bool
 	// GPUs are the device ids the host's workers use, one per slot, when a
 	// selection (SelectHosts) pinned them; nil means "0 to Slots-1".
 	GPUs []int
@@ -115,7 +119,7 @@ func parseHostfileLine(text string, defaultSlots int) (Host, error) {
 			if err != nil {
 				return Host{}, errSlots
 			}
-			h.Slots, slotsGiven = n, true
+			h.Slots, h.DefaultSlots, slotsGiven = n, false, true
 		case "max_slots", "max-slots":
 			if maxSlots != 0 {
 				return Host{}, errors.New("max_slots given twice")
@@ -164,7 +168,7 @@ func parseHostEntry(entry string, defaultSlots int) (h Host, slotsGiven bool, er
 			return Host{}, false, err
 		}
 	}
-	h = Host{Name: name, Slots: defaultSlots}
+	h = Host{Name: name, Slots: defaultSlots, DefaultSlots: !slotsGiven}
 	if slotsGiven {
 		n, err := parsePositive(slots)
 		if err != nil {
@@ -297,7 +301,7 @@ func SelectHosts(hosts []Host, include, exclude string) ([]Host, error) {
 		case include != "" && !chosen[i]:
 			continue
 		case include != "" && ids[i] != nil:
-			h.GPUs, h.Slots = ids[i], len(ids[i])
+			h.GPUs, h.Slots, h.DefaultSlots = ids[i], len(ids[i]), false
 		case exclude != "" && chosen[i] && ids[i] == nil:
 			continue
 		case exclude != "" && chosen[i]:
@@ -305,7 +309,7 @@ func SelectHosts(hosts []Host, include, exclude string) ([]Host, error) {
 			if len(left) == 0 {
 				continue
 			}
-			h.GPUs, h.Slots = left, len(left)
+			h.GPUs, h.Slots, h.DefaultSlots = left, len(left), false
 		}
 		out = append(out, h)
 	}

@@ -22,7 +22,7 @@ func TestParseHostfile(t *testing.T) {
 		{Name: "node1", Slots: 8},
 		{Name: "node2", Slots: 4},
 		{Name: "node3", Slots: 2},
-		{Name: "node4", Slots: 3},
+		{Name: "node4", Slots: 3, DefaultSlots: true},
 		{Name: "10.0.0.5", Slots: 1},
 		{Name: "::1", Slots: 4},
 		{Name: "fe80::1%eth0", Slots: 2},
@@ -38,12 +38,12 @@ func TestParseHostfileForms(t *testing.T) {
 		want       []Host
 	}{
 		{"deepspeed", "worker-1 slots=4\nworker-2 slots=4\n", []Host{{Name: "worker-1", Slots: 4}, {Name: "worker-2", Slots: 4}}},
-		{"openmpi max_slots", "a slots=2 max_slots=2\nb max-slots=9\n", []Host{{Name: "a", Slots: 2}, {Name: "b", Slots: 1}}},
+		{"openmpi max_slots", "a slots=2 max_slots=2\nb max-slots=9\n", []Host{{Name: "a", Slots: 2}, {Name: "b", Slots: 1, DefaultSlots: true}}},
 		{"mpich", "a:2\nb:16\n", []Host{{Name: "a", Slots: 2}, {Name: "b", Slots: 16}}},
-		{"plain", "a\nb\n", []Host{{Name: "a", Slots: 1}, {Name: "b", Slots: 1}}},
-		{"comments and blanks", "# head\n\n  \na # tail\n\t#indented\nb:2#tight\n", []Host{{Name: "a", Slots: 1}, {Name: "b", Slots: 2}}},
-		{"crlf and no final newline", "a slots=2\r\nb", []Host{{Name: "a", Slots: 2}, {Name: "b", Slots: 1}}},
-		{"ipv6", "[::1]:4\n[2001:db8::2]\n[2001:db8::3] slots=2\n", []Host{{Name: "::1", Slots: 4}, {Name: "2001:db8::2", Slots: 1}, {Name: "2001:db8::3", Slots: 2}}},
+		{"plain", "a\nb\n", []Host{{Name: "a", Slots: 1, DefaultSlots: true}, {Name: "b", Slots: 1, DefaultSlots: true}}},
+		{"comments and blanks", "# head\n\n  \na # tail\n\t#indented\nb:2#tight\n", []Host{{Name: "a", Slots: 1, DefaultSlots: true}, {Name: "b", Slots: 2}}},
+		{"crlf and no final newline", "a slots=2\r\nb", []Host{{Name: "a", Slots: 2}, {Name: "b", Slots: 1, DefaultSlots: true}}},
+		{"ipv6", "[::1]:4\n[2001:db8::2]\n[2001:db8::3] slots=2\n", []Host{{Name: "::1", Slots: 4}, {Name: "2001:db8::2", Slots: 1, DefaultSlots: true}, {Name: "2001:db8::3", Slots: 2}}},
 	}
 	for _, tt := range tests {
 		got, err := ParseHostfile(strings.NewReader(tt.text), "hosts", 1)
@@ -117,9 +117,9 @@ func TestParseHostList(t *testing.T) {
 		want []Host
 	}{
 		{"a:8,b:8", []Host{{Name: "a", Slots: 8}, {Name: "b", Slots: 8}}},
-		{"a", []Host{{Name: "a", Slots: 2}}},
-		{" a:1 , b ", []Host{{Name: "a", Slots: 1}, {Name: "b", Slots: 2}}},
-		{"[::1]:4,127.0.0.1:3,[fe80::2]", []Host{{Name: "::1", Slots: 4}, {Name: "127.0.0.1", Slots: 3}, {Name: "fe80::2", Slots: 2}}},
+		{"a", []Host{{Name: "a", Slots: 2, DefaultSlots: true}}},
+		{" a:1 , b ", []Host{{Name: "a", Slots: 1}, {Name: "b", Slots: 2, DefaultSlots: true}}},
+		{"[::1]:4,127.0.0.1:3,[fe80::2]", []Host{{Name: "::1", Slots: 4}, {Name: "127.0.0.1", Slots: 3}, {Name: "fe80::2", Slots: 2, DefaultSlots: true}}},
 	}
 	for _, tt := range tests {
 		got, err := ParseHostList(tt.spec, 2)
