@@ -130,8 +130,9 @@ func (f *Fanout) Run(ctx context.Context) (code int, err error) {
 	}()
 	// The processes outlive ctx: stopping them is Run's job, by signal.
 	runCtx := context.WithoutCancel(ctx)
+	reports := &reportsSeen{}
 	for i, a := range agents {
-		out, errOut := stdout.Writer(""), stderr.Writer("")
+		out, errOut := stdout.Writer(""), &reportFilter{w: stderr.Writer(""), seen: reports}
 		writers = append(writers, out, errOut)
 		p, err := clients[i].Start(runCtx, f.Dir, a.Env, a.Argv, out, errOut)
 		if err != nil {
