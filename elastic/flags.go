@@ -1,9 +1,9 @@
 package elastic
 
 import (
+	"errors"
 	"fmt"
 	"os"
-	"path/filepath"
 	goruntime "runtime"
 	"strconv"
 	"strings"
@@ -28,19 +28,26 @@ func ParseNNodes(s string) (min, max int, err error) {
 }
 
 // ResolveNProc turns --nproc-per-node into a count: an integer, "cpu" (the
-// CPUs this process may use), "gpu" (the visible GPUs; an error when there
-// are none) or "auto" (GPUs when there are any, else CPUs).
-func ResolveNProc(s string, lookupEnv func(string) (string, bool)) (int, error) {
+// CPUs this process may use), "gpu" (the GPUs countGPUs reports; an error
+// when there are none) or "auto" (GPUs when there are any, else CPUs), as
+// torchrun does. countGPUs is asked only for gpu and auto; the launcher
+// passes one backed by NVML, which needs cgo, so this package stays free of
+// it.
+func ResolveNProc(s string, countGPUs func() (int, error)) (int, error) {
 	switch s {
 	case "cpu":
 		return goruntime.NumCPU(), nil
 	case "gpu":
-		if n := countGPUs(lookupEnv); n > 0 {
-			return n, nil
+		n, err := countGPUs()
+		switch {
+		case err != nil:
+			return 0, fmt.Errorf("--nproc-per-node gpu: cannot count GPUs: %w", err)
+		case n < 1:
+			return 0, errors.New("--nproc-per-node gpu: no GPU on this node")
 		}
-		return 0, fmt.Errorf("--nproc-per-node gpu: no GPU is visible")
+		return n, nil
 	case "auto":
-		if n := countGPUs(lookupEnv); n > 0 {
+		if n, err := countGPUs(); err == nil && n > 0 {
 			return n, nil
 		}
 		return goruntime.NumCPU(), nil
@@ -50,22 +57,6 @@ func ResolveNProc(s string, lookupEnv func(string) (string, bool)) (int, error) 
 		return 0, fmt.Errorf("--nproc-per-node %q: want a positive integer, auto, cpu or gpu", s)
 	}
 	return n, nil
-}
-
-// countGPUs counts the GPUs the driver exposes, narrowed by
-// CUDA_VISIBLE_DEVICES when it is set.
-func countGPUs(lookupEnv func(string) (string, bool)) int {
-	if v, ok := lookupEnv("CUDA_VISIBLE_DEVICES"); ok {
-		n := 0
-		for _, id := range strings.Split(v, ",") {
-			if strings.TrimSpace(id) != "" {
-				n++
-			}
-		}
-		return n
-	}
-	gpus, _ := filepath.Glob("/proc/driver/nvidia/gpus/*")
-	return len(gpus)
 }
 
 // ParseRdzvConf parses --rdzv-conf "k1=v1,k2=v2".

@@ -1,6 +1,7 @@
 package elastic
 
 import (
+	"errors"
 	goruntime "runtime"
 	"strings"
 	"syscall"
@@ -27,28 +28,37 @@ func TestParseNNodes(t *testing.T) {
 }
 
 func TestResolveNProc(t *testing.T) {
-	env := func(vars map[string]string) func(string) (string, bool) {
-		return func(k string) (string, bool) { v, ok := vars[k]; return v, ok }
+	gpus := func(n int, err error) func() (int, error) {
+		return func() (int, error) { return n, err }
 	}
-	none := env(nil)
+	noNVML := errors.New("nvml: libnvidia-ml.so.1 not found")
+	unasked := func() (int, error) {
+		t.Error("GPUs counted for a value that does not need them")
+		return 0, nil
+	}
 	for _, tc := range []struct {
-		in   string
-		env  func(string) (string, bool)
-		want int
-		bad  bool
+		in      string
+		gpus    func() (int, error)
+		want    int
+		wantErr string
 	}{
-		{"4", none, 4, false},
-		{"cpu", none, goruntime.NumCPU(), false},
-		{"gpu", env(map[string]string{"CUDA_VISIBLE_DEVICES": "0,3"}), 2, false},
-		{"auto", env(map[string]string{"CUDA_VISIBLE_DEVICES": "1"}), 1, false},
-		{"auto", env(map[string]string{"CUDA_VISIBLE_DEVICES": ""}), goruntime.NumCPU(), false},
-		{"gpu", env(map[string]string{"CUDA_VISIBLE_DEVICES": ""}), 0, true},
-		{"0", none, 0, true}, {"-2", none, 0, true}, {"many", none, 0, true},
+		{"4", unasked, 4, ""},
+		{"cpu", unasked, goruntime.NumCPU(), ""},
+		{"gpu", gpus(2, nil), 2, ""},
+		{"gpu", gpus(0, nil), 0, "--nproc-per-node gpu: no GPU on this node"},
+		{"gpu", gpus(0, noNVML), 0, "--nproc-per-node gpu: cannot count GPUs: nvml: libnvidia-ml.so.1 not found"},
+		{"auto", gpus(8, nil), 8, ""},
+		{"auto", gpus(0, nil), goruntime.NumCPU(), ""},
+		{"auto", gpus(0, noNVML), goruntime.NumCPU(), ""},
+		{"0", unasked, 0, `--nproc-per-node "0"`}, {"-2", unasked, 0, `--nproc-per-node "-2"`}, {"many", unasked, 0, `--nproc-per-node "many"`},
 	} {
-		got, err := ResolveNProc(tc.in, tc.env)
-		if (err != nil) != tc.bad || got != tc.want {
-			t.Errorf("ResolveNProc(%q) = %d, %v; want %d", tc.in, got, err, tc.want)
+		got, err := ResolveNProc(tc.in, tc.gpus)
+		if got != tc.want || (err == nil) != (tc.wantErr == "") || (err != nil && !strings.HasPrefix(err.Error(), tc.wantErr)) {
+			t.Errorf("ResolveNProc(%q) = %d, %v; want %d, %q", tc.in, got, err, tc.want, tc.wantErr)
 		}
+	}
+	if _, err := ResolveNProc("gpu", gpus(0, noNVML)); !errors.Is(err, noNVML) {
+		t.Errorf("gpu: %v does not wrap why GPUs could not be counted", err)
 	}
 }
 

@@ -126,7 +126,11 @@ func specFromFlags(c *cli.Context, stderr io.Writer) (elastic.Spec, zerolog.Logg
 		Env:              os.Environ(),
 		Host:             elastic.Hostname(),
 	}
-	if s.NProcPerNode, err = elastic.ResolveNProc(c.String("nproc-per-node"), os.LookupEnv); err != nil {
+	if nproc := c.String("nproc-per-node"); headMode(c) && !isNumber(nproc) {
+		// Every host counts its own GPUs or CPUs (see planHead); the head
+		// may have none.
+		s.NProcPerNode = 1
+	} else if s.NProcPerNode, err = elastic.ResolveNProc(nproc, visibleGPUs); err != nil {
 		fail(err)
 	}
 	if s.MinNodes, s.MaxNodes, err = elastic.ParseNNodes(c.String("nnodes")); err != nil {
@@ -375,4 +379,10 @@ func slurmDirect(c *cli.Context, s *elastic.Spec) error {
 		NodeRank: task.NodeRank, NNodes: task.NNodes,
 	}
 	return nil
+}
+
+// isNumber reports whether s is a decimal integer.
+func isNumber(s string) bool {
+	_, err := strconv.Atoi(s)
+	return err == nil
 }

@@ -149,12 +149,22 @@ func planHead(c *cli.Context, spec elastic.Spec, log zerolog.Logger, stdout, std
 	}
 	program := append([]string{c.Args().First()}, c.Args().Tail()...)
 
+	// A host named without slots counts its own GPUs or CPUs for
+	// --nproc-per-node auto, gpu or cpu: the head's may differ.
+	nprocWord := c.String("nproc-per-node")
+	if isNumber(nprocWord) {
+		nprocWord = ""
+	}
 	agents := make([]launcher.RemoteAgent, len(hosts))
 	for i, h := range hosts {
+		nproc := strconv.Itoa(h.Slots)
+		if h.DefaultSlots && nprocWord != "" {
+			nproc = nprocWord
+		}
 		argv := append([]string{remoteGorun}, common...)
 		argv = append(argv,
 			"--node-rank", strconv.Itoa(i),
-			"--nproc-per-node", strconv.Itoa(h.Slots),
+			"--nproc-per-node", nproc,
 			"--rdzv-backend", "c10d",
 			"--rdzv-endpoint", endpoint,
 			"--rdzv-id", runID,

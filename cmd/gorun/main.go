@@ -83,7 +83,8 @@ func newApp(stdout, stderr io.Writer, status *int) *cli.App {
 			"(PyTorch TCPStore protocol), gives every worker torchrun's environment (RANK, WORLD_SIZE,\n" +
 			"MASTER_ADDR...), supervises and restarts them, and exits with the root cause's exit code.\n" +
 			"Every flag also reads PET_<NAME> from the environment, as torchrun does.",
-		Flags: append(flags(), headFlags()...),
+		Flags:    append(flags(), headFlags()...),
+		Commands: []*cli.Command{doctorCommand(stdout)},
 		// -x A=1,2 sets A to "1,2".
 		DisableSliceFlagSeparator: true,
 		HideHelpCommand:           true,

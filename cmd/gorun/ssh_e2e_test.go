@@ -10,6 +10,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"runtime"
 	"strconv"
 	"strings"
 	"syscall"
@@ -17,6 +18,7 @@ import (
 	"time"
 
 	"github.com/gorun/gorun/internal/sshtest"
+	"golang.org/x/sys/unix"
 )
 
 // sshCluster is two "hosts", real sshd servers on 127.0.0.1 and 127.0.0.2
@@ -124,6 +126,10 @@ func TestSSHLaunch(t *testing.T) {
 		if !strings.Contains(h.out.String(), ":3]: failing") {
 			t.Errorf("rank 3's line is missing:\n%s", h.out.String())
 		}
+		// Both agents print the job's report; the head shows it once.
+		if n := strings.Count(h.out.String(), "Root Cause (first observed failure)"); n != 1 {
+			t.Errorf("the failure report is shown %d times:\n%s", n, h.out.String())
+		}
 	})
 
 	t.Run("unknown host key", func(t *testing.T) {
@@ -197,6 +203,31 @@ func TestSSHLaunch(t *testing.T) {
 			if strings.Count(out, "world 2 node 127.0.0.2") != 2 || strings.Contains(out, "node 127.0.0.1") {
 				t.Errorf("%v: want two ranks, both on 127.0.0.2:\n%s", sel, out)
 			}
+		}
+	})
+
+	t.Run("a host without slots counts its own CPUs", func(t *testing.T) {
+		// Commands on 127.0.0.2 may use one CPU, however many the head has.
+		sshd := c.servers[1].Pid
+		var all, one unix.CPUSet
+		if err := unix.SchedGetaffinity(sshd, &all); err != nil {
+			t.Fatal(err)
+		}
+		one.Set(0)
+		if err := unix.SchedSetaffinity(sshd, &one); err != nil {
+			t.Fatal(err)
+		}
+		defer unix.SchedSetaffinity(sshd, &all)
+
+		dir := t.TempDir()
+		worker := script(t, dir, "worker.sh", `echo "rank $RANK world $WORLD_SIZE local $LOCAL_WORLD_SIZE node $GORUN_TEST_NODE"`+"\n")
+		h := startHead(t, dir, c.headArgs(t, "--hosts", "127.0.0.1:1,127.0.0.2", "--nproc-per-node", "cpu", worker)...)
+		if code := h.wait(t, 90*time.Second); code != 0 {
+			t.Fatalf("head exited %d:\n%s", code, h.out.String())
+		}
+		out := h.out.String()
+		if strings.Count(out, "world 2 local 1 node 127.0.0.2") != 1 || strings.Count(out, "world 2 local 1 node 127.0.0.1") != 1 {
+			t.Errorf("want one worker per host (the head has %d CPUs):\n%s", runtime.NumCPU(), out)
 		}
 	})
 
