@@ -153,6 +153,7 @@ func specFromFlags(c *cli.Context, stderr io.Writer) (elastic.Spec, zerolog.Logg
 	s.Backend = c.String("rdzv-backend")
 	endpoint := c.String("rdzv-endpoint")
 	slurm, inSlurm, err := launcher.DetectSlurm(os.LookupEnv)
+	nodeRankFromSlurm := false
 	if err != nil {
 		fail(err)
 	}
@@ -170,7 +171,10 @@ func specFromFlags(c *cli.Context, stderr io.Writer) (elastic.Spec, zerolog.Logg
 		endpoint = net.JoinHostPort(slurm.Nodes[0], strconv.Itoa(slurm.Port()))
 		s.Backend = "c10d"
 		if !c.IsSet("node-rank") {
+			// Group ranks follow Slurm's node order, not the order nodes
+			// happen to join in.
 			s.NodeRank = slurm.NodeRank
+			nodeRankFromSlurm = true
 		}
 		if !c.IsSet("rdzv-id") {
 			s.RunID = "slurm-" + slurm.JobID
@@ -203,7 +207,7 @@ func specFromFlags(c *cli.Context, stderr io.Writer) (elastic.Spec, zerolog.Logg
 		if err != nil {
 			fail(err)
 		}
-		if !c.IsSet("node-rank") {
+		if !c.IsSet("node-rank") && !nodeRankFromSlurm {
 			s.NodeRank = -1
 		}
 		for _, inert := range []string{"master-addr", "master-port"} {
