@@ -99,8 +99,10 @@ func (a *Agent) Run(ctx context.Context) (*Result, error) {
 			// Give heartbeats time to tell a lost node first: its death
 			// kills workers elsewhere too, and that must not spend the
 			// budget. A report on a round already superseded spends nothing.
+			endWeighing := m.weigh(ctx)
 			superseded, sig := a.roundChangesWithin(ctx, r, a.spec.Dynamic.FailureGrace)
 			if sig != 0 {
+				endWeighing()
 				return a.interrupted(sig, r.restarts), nil
 			}
 			for i := range out.failures {
@@ -108,6 +110,7 @@ func (a *Agent) Run(ctx context.Context) (*Result, error) {
 			}
 			sortRootCauseFirst(out.failures)
 			restart, err := m.fail(ctx, out.failures)
+			endWeighing()
 			if err != nil && !errors.Is(err, rendezvous.ErrJobFailed) {
 				return nil, fmt.Errorf("elastic: report the failure: %w", err)
 			}
@@ -184,15 +187,9 @@ func (a *Agent) membership() membership {
 // jobFailed ends the job with the failures every node reported in the
 // last round that failed, root cause first, and its exit status. Other
 // nodes may still be weighing their own failures (roundChangesWithin), so
-// it gives them that long to report first.
+// it gives them that long, at most, to report first.
 func (a *Agent) jobFailed(ctx context.Context, m membership, restarts int) (*Result, error) {
-	if grace := a.spec.Dynamic.FailureGrace; a.spec.Backend == "c10d" && grace > 0 {
-		select {
-		case <-time.After(grace):
-		case <-ctx.Done():
-		}
-	}
-	fs, err := m.failures(ctx)
+	fs, err := m.failures(ctx, a.spec.Dynamic.FailureGrace)
 	if err != nil {
 		return nil, fmt.Errorf("elastic: read the job's failures: %w", err)
 	}

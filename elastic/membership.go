@@ -19,8 +19,12 @@ type membership interface {
 	// fail reports this node's failures in the current round and tells
 	// whether the job restarts.
 	fail(ctx context.Context, failures []Failure) (restart bool, err error)
-	// failures returns every failure the job reported, on every node.
-	failures(ctx context.Context) ([]Failure, error)
+	// weigh tells the other nodes that this node's workers failed and
+	// that it is deciding what to report; end tells them it is done.
+	weigh(ctx context.Context) (end func())
+	// failures returns every failure the job reported, on every node,
+	// once the nodes still weighing a failure reported it or grace passed.
+	failures(ctx context.Context, grace time.Duration) ([]Failure, error)
 	// done is the exit barrier once this node's workers succeeded; it
 	// returns rendezvous.ErrRoundChanged when the job must run again.
 	done(ctx context.Context) error
@@ -97,7 +101,12 @@ func (m *staticMembership) fail(_ context.Context, fs []Failure) (bool, error) {
 	return false, nil
 }
 
-func (m *staticMembership) failures(context.Context) ([]Failure, error) { return m.reports, nil }
+// weigh has no one to tell: a static node restarts on its own budget.
+func (m *staticMembership) weigh(context.Context) func() { return func() {} }
+
+func (m *staticMembership) failures(context.Context, time.Duration) ([]Failure, error) {
+	return m.reports, nil
+}
 
 func (m *staticMembership) done(ctx context.Context) error {
 	return exitBarrier(ctx, m.current.store, m.current.ranks.GroupWorldSize, m.timeout)
@@ -157,7 +166,19 @@ func (m *dynamicMembership) fail(ctx context.Context, fs []Failure) (bool, error
 	return m.d.Fail(ctx, encodeFailures(fs))
 }
 
-func (m *dynamicMembership) failures(ctx context.Context) ([]Failure, error) {
+func (m *dynamicMembership) weigh(ctx context.Context) func() {
+	end, err := m.d.Weigh(ctx)
+	if err != nil {
+		// The others then wait out their grace for this node's report.
+		return func() {}
+	}
+	return end
+}
+
+func (m *dynamicMembership) failures(ctx context.Context, grace time.Duration) ([]Failure, error) {
+	if err := m.d.AwaitReports(ctx, grace); err != nil {
+		return nil, err
+	}
 	reports, err := m.d.Failures(ctx)
 	if err != nil {
 		return nil, err

@@ -141,6 +141,64 @@ func (d *Dynamic) Fail(ctx context.Context, report []byte) (restart bool, err er
 	return true, nil
 }
 
+// Weigh records that this node's workers failed and that it is weighing
+// the failure before it reports it (Fail): waiting to hear whether a lost
+// node caused it. A node that ends the job meanwhile waits for it in
+// AwaitReports, since its report may hold the root cause. Call end once
+// the failure is reported or dropped.
+func (d *Dynamic) Weigh(ctx context.Context) (end func(), err error) {
+	ctx, done, err := d.begin(ctx)
+	if err != nil {
+		return nil, err
+	}
+	defer done()
+	if _, err := d.job.Add(ctx, keyWeighing, 1); err != nil {
+		return nil, fmt.Errorf("rendezvous: record a failure being weighed: %w", err)
+	}
+	return func() {
+		ctx, done, err := d.begin(context.Background())
+		if err != nil {
+			return
+		}
+		defer done()
+		ctx, cancel := context.WithTimeout(ctx, d.opts.HeartbeatInterval)
+		defer cancel()
+		if _, err := d.job.Add(ctx, keyWeighing, -1); err != nil {
+			d.log.Warn().Err(err).Msg("could not record the end of weighing a failure; other nodes wait out their grace")
+		}
+	}, nil
+}
+
+// AwaitReports waits until no node is weighing a failure (see Weigh), or
+// timeout: a node that died while weighing never ends it.
+func (d *Dynamic) AwaitReports(ctx context.Context, timeout time.Duration) error {
+	ctx, done, err := d.begin(ctx)
+	if err != nil {
+		return err
+	}
+	defer done()
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	tick := time.NewTicker(min(d.opts.HeartbeatInterval, 50*time.Millisecond))
+	defer tick.Stop()
+	for {
+		n, err := d.job.Add(ctx, keyWeighing, 0)
+		switch {
+		case err != nil && ctx.Err() != nil:
+			return nil
+		case err != nil:
+			return fmt.Errorf("rendezvous: count the failures being weighed: %w", err)
+		case n <= 0:
+			return nil
+		}
+		select {
+		case <-tick.C:
+		case <-ctx.Done():
+			return nil
+		}
+	}
+}
+
 // Failures returns the failure reports of every node, oldest first.
 func (d *Dynamic) Failures(ctx context.Context) ([][]byte, error) {
 	ctx, done, err := d.begin(ctx)

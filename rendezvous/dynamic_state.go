@@ -32,6 +32,8 @@ import (
 const (
 	keyState    = "state"
 	keyFailures = "failures"
+	// keyWeighing counts the nodes weighing a failure (Dynamic.Weigh).
+	keyWeighing = "weighing"
 )
 
 func roundKey(r int, name string) string { return "round/" + strconv.Itoa(r) + "/" + name }

@@ -75,8 +75,8 @@ echo "srun exit $?"
 	})
 
 	// A worker that exits 7 in a Slurm step: gorun's report names it and
-	// the step ends with its status. (failure_grace: by default the agents
-	// wait twice 20 s for news of a lost node before they give up.)
+	// the step ends with its status. (failure_grace: by default the failing
+	// node waits 20 s for news of a lost node before it reports.)
 	t.Run("a failing worker", func(t *testing.T) {
 		w := script(t, t.TempDir(), "w.sh", `
 if [ "$RANK" = 3 ]; then echo "rank 3 fails" >&2; exit 7; fi
