@@ -430,6 +430,44 @@ func TestDynamicFailuresInOneRoundSpendOneRestart(t *testing.T) {
 	})
 }
 
+// A node that ends the job waits for the nodes still weighing a failure,
+// and no longer than its grace for one that never finishes.
+func TestDynamicAwaitReports(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		job := newTestJob(t, 2, 2)
+		nodes := job.nodes("a", "b")
+		nextAll(t, nodes...)
+		ctx := context.Background()
+		end, err := nodes[1].Weigh(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		go func() {
+			time.Sleep(3 * time.Second)
+			end()
+		}()
+		start := time.Now()
+		if err := nodes[0].AwaitReports(ctx, time.Minute); err != nil {
+			t.Fatal(err)
+		}
+		if waited := time.Since(start); waited < 3*time.Second || waited > 4*time.Second {
+			t.Errorf("waited %s for a report that came after 3s", waited)
+		}
+
+		// b weighs and dies: a waits out its grace, then goes on.
+		if _, err := nodes[1].Weigh(ctx); err != nil {
+			t.Fatal(err)
+		}
+		start = time.Now()
+		if err := nodes[0].AwaitReports(ctx, 20*time.Second); err != nil {
+			t.Fatal(err)
+		}
+		if waited := time.Since(start); waited != 20*time.Second {
+			t.Errorf("waited %s, want the grace of 20s", waited)
+		}
+	})
+}
+
 func TestDynamicDone(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		job := newTestJob(t, 3, 3)
