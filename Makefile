@@ -36,10 +36,16 @@ lint:
 bench:
 	$(GO) test -run '^$$' -bench . -benchtime 2000x ./rendezvous/
 
-# gorun against torch gloo and OpenMPI, side by side (needs python3-torch,
-# python3-mpi4py and openmpi-bin).
+# gorun against torch 1.13 and OpenMPI on this host, in one run of 10 to 15
+# minutes: every collective (gloo, mpi4py over shared memory and over TCP),
+# the launcher (mpirun, torchrun, timed by hyperfine) and the store (torch's
+# TCPStore server); one markdown report with gorun's ratios and targets met
+# or missed. Needs python3-torch, python3-mpi4py, openmpi-bin and hyperfine;
+# it stops naming whatever is missing. Narrow it with BENCH_FLAGS, e.g.
+# BENCH_FLAGS=--quick or BENCH_FLAGS='--sections collectives --ops allreduce'.
 bench-compare: build
-	/usr/bin/python3 bench/compare.py --rounds 3
+	$(GO) build -o $(BIN)/ ./bench/storeserver
+	/usr/bin/python3 bench/compare.py $(BENCH_FLAGS)
 
 clean:
 	rm -rf $(BIN)

@@ -1,89 +1,178 @@
-"""Side-by-side collective benchmark: gorun's allreduce-perf against torch
-1.13's gloo backend and OpenMPI (mpi4py) over shared memory and over TCP,
-interleaved round by round on the same machine, reported as medians and
-ratios. The machine is shared and noisy: read the ratios, not the figures.
+"""make bench-compare: gorun against torch 1.13 (gloo, torchrun, TCPStore)
+and OpenMPI 4.1 (mpi4py over shared memory and over TCP, mpirun) on one
+host, in one run, printed as markdown with gorun's ratio to each and the
+issue's targets marked met or missed:
 
-    make build && /usr/bin/python3 bench/compare.py --rounds 3
+  collectives  all_reduce, broadcast, all_gather, reduce_scatter and
+               all_to_all at 8 B, 64 KiB, 1 MiB, 16 MiB and 64 MiB, world 2
+               and 4 (bench/collectives.py says exactly how each system is
+               measured, and checks they all agree)
+  launcher     4 workers of /bin/true under gorun, mpirun and torchrun,
+               timed by hyperfine (bench/launcher.py)
+  store        set/get/add ops/s of torch's TCPStore clients against
+               torch's server and gorun's (bench/store.py)
+
+The machine is shared and noisy: read the ratios, which come from the same
+run, rather than the figures. Progress goes to stderr, the tables to
+stdout (and to --out). Every missing tool stops the run before it starts,
+naming its Debian package. The full run takes 10 to 15 minutes on 2 cores.
+
+    make bench-compare
+    /usr/bin/python3 bench/compare.py --quick
+    /usr/bin/python3 bench/compare.py --sections collectives --ops allreduce --sizes 1M,16M --worlds 4
 """
 import argparse
+import datetime
+import json
 import os
-import re
-import statistics
+import platform
+import shutil
 import subprocess
 import sys
+import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-PY = os.environ.get("GORUN_TEST_PYTHON", "/usr/bin/python3")
-GORUN = os.path.join(ROOT, "bin", "gorun")
-MPIRUN = ["mpirun", "--allow-run-as-root", "--oversubscribe", "--bind-to", "none"]
-ROW = re.compile(r"^(?:\[rank0\]:)?\s+(\d+)\s+\d+\s+\S+\s+\S+\s+-?\d+\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)")
+# The sections, beside this file (a script's own folder is on sys.path);
+# no __pycache__ left in the working tree.
+sys.dont_write_bytecode = True
+import collectives  # noqa: E402
+import launcher  # noqa: E402
+import store  # noqa: E402
 
-
-def tools(world, op):
-    """The command line of every contender, for one world size."""
-    anchor = [os.path.join(ROOT, "bench", "anchor.py"), "-o", op]
-    return {
-        "gorun": [GORUN, "--nproc-per-node", str(world), "--local-ranks-filter", "0",
-                  os.path.join(ROOT, "bin", "allreduce-perf"), "-o", op, "-c", "0"],
-        "gloo": [GORUN, "--nproc-per-node", str(world), "--local-ranks-filter", "0", "--python", PY] + anchor,
-        "mpi-shm": MPIRUN + ["-np", str(world), "--mca", "btl", "self,vader", PY] + anchor + ["--mpi"],
-        "mpi-tcp": MPIRUN + ["-np", str(world), "--mca", "btl", "self,tcp", "--mca", "btl_tcp_if_include", "lo",
-                             PY] + anchor + ["--mpi"],
-    }
+ROOT = collectives.ROOT
+PY = collectives.PY
+SECTIONS = ("collectives", "launcher", "store")
 
 
-def measure(cmd, sizes):
-    """Runs cmd over a size range and returns {bytes: (time_us, busbw)}."""
-    lo, hi, factor, iters = sizes
-    out = subprocess.run(cmd + ["-b", lo, "-e", hi, "-f", factor, "-w", "3", "-n", iters],
-                         capture_output=True, text=True, timeout=600)
-    if out.returncode != 0:
-        sys.exit(f"{' '.join(cmd)} failed:\n{out.stdout}\n{out.stderr}")
-    rows = {}
-    for line in out.stdout.splitlines():
-        m = ROW.match(line)
-        if m:
-            rows[int(m.group(1))] = (float(m.group(2)), float(m.group(4)))
-    return rows
+def missing(sections):
+    """Everything the chosen sections need and this machine lacks, each
+    naming what to install or build."""
+    needs = []
+    bins = {"gorun": "make build", "allreduce-perf": "make build", "storeserver": "go build -o bin/ ./bench/storeserver"}
+    wanted = {"gorun"} | ({"allreduce-perf"} if "collectives" in sections else set()) | \
+        ({"storeserver"} if "store" in sections else set())
+    for name in sorted(wanted):
+        if not os.access(os.path.join(ROOT, "bin", name), os.X_OK):
+            needs.append(f"bin/{name} is not built: run {bins[name]}")
+    tools = {}
+    if "collectives" in sections:
+        tools.update(mpirun="openmpi-bin", ompi_info="openmpi-bin")
+    if "launcher" in sections:
+        tools.update(mpirun="openmpi-bin", hyperfine="hyperfine")
+    for tool, package in sorted(tools.items()):
+        if shutil.which(tool) is None:
+            needs.append(f"{tool} is not on PATH: apt-get install {package}")
+    modules = {"torch": "python3-torch"}
+    if "collectives" in sections:
+        modules.update(mpi4py="python3-mpi4py", numpy="python3-numpy")
+    if not os.access(PY, os.X_OK):
+        needs.append(f"{PY} does not exist: apt-get install python3 python3-torch (or set GORUN_BENCH_PYTHON)")
+        return needs
+    for module, package in sorted(modules.items()):
+        proc = subprocess.run([PY, "-c", f"import {module}"], capture_output=True, text=True)
+        if proc.returncode != 0:
+            why = (proc.stderr.strip().splitlines() or ["no error output"])[-1]
+            needs.append(f"{PY} cannot import {module}: apt-get install {package} ({why})")
+    return needs
+
+
+def first_line(argv):
+    try:
+        out = subprocess.run(argv, capture_output=True, text=True, timeout=60)
+        return (out.stdout or out.stderr).strip().splitlines()[0]
+    except (OSError, IndexError, subprocess.TimeoutExpired):
+        return "unknown"
+
+
+def machine():
+    """One line naming the machine and the software measured."""
+    cpu = "unknown CPU"
+    mem = "?"
+    try:
+        with open("/proc/cpuinfo") as f:
+            cpu = next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
+        with open("/proc/meminfo") as f:
+            kib = int(next(line.split()[1] for line in f if line.startswith("MemTotal")))
+            mem = f"{kib / (1 << 20):.0f} GiB"
+    except (OSError, StopIteration):
+        pass
+    torch = first_line([PY, "-c", "import torch; print(torch.__version__)"])
+    ompi = first_line(["mpirun", "--version"])
+    return (f"{os.cpu_count()} cores ({cpu}), {mem}, {platform.system()} {platform.release()}; "
+            f"torch {torch}, {ompi}, load average {os.getloadavg()[0]:.2f} at start")
+
+
+def sizes_arg(s):
+    return tuple(collectives.parse_size(v) for v in s.split(","))
+
+
+def list_arg(choices):
+    def parse(s):
+        values = tuple(v.strip() for v in s.split(","))
+        bad = [v for v in values if v not in choices]
+        if bad:
+            raise argparse.ArgumentTypeError(f"{','.join(bad)}: want some of {','.join(choices)}")
+        return values
+    return parse
 
 
 def main():
-    p = argparse.ArgumentParser()
-    p.add_argument("--rounds", type=int, default=3)
-    p.add_argument("--worlds", default="2,4")
-    p.add_argument("--op", default="allreduce")
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--rounds", type=int, help="interleaved rounds, medians over them (default 5, 1 with --quick)")
+    p.add_argument("--quick", action="store_true",
+                   help="one round, sizes 8,1M,16M, half the iterations, no torchrun: a few minutes")
+    p.add_argument("--sections", type=list_arg(SECTIONS), default=SECTIONS, help="some of " + ",".join(SECTIONS))
+    p.add_argument("--ops", type=list_arg(collectives.OPS), default=collectives.OPS,
+                   help="collectives, some of " + ",".join(collectives.OPS))
+    p.add_argument("--sizes", type=sizes_arg, help="bytes, K/M/G suffixes (default 8,64K,1M,16M,64M)")
+    p.add_argument("--worlds", type=lambda s: tuple(int(v) for v in s.split(",")), default=collectives.WORLDS)
+    p.add_argument("--out", help="also write the tables to this file")
+    p.add_argument("--json", help="write every round's raw figures to this file")
+    p.add_argument("--strict", action="store_true", help="exit 1 when a target is missed")
     args = p.parse_args()
-    ranges = [("8", "8", "2", "200"), ("1M", "64M", "4", "10")]
-    names = ["gorun", "gloo", "mpi-shm", "mpi-tcp"]
-    results = {}  # (world, tool, bytes) -> [(time, busbw)]
-    for _ in range(args.rounds):
-        for world in map(int, args.worlds.split(",")):
-            for name, cmd in tools(world, args.op).items():
-                for r in ranges:
-                    for size, v in measure(cmd, r).items():
-                        results.setdefault((world, name, size), []).append(v)
-    print(f"# {args.op}, float32, median of {args.rounds} interleaved rounds; busbw in GB/s, latency in us")
-    print("| world | size | " + " | ".join(names) + " | gorun/gloo | gorun/mpi-shm | gorun/mpi-tcp |")
-    print("|---" * (5 + len(names)) + "|")
-    for world in map(int, args.worlds.split(",")):
-        for size in sorted({k[2] for k in results if k[0] == world}):
-            med = {}
-            for name in names:
-                vals = results.get((world, name, size))
-                if vals:
-                    med[name] = statistics.median(v[0] if size <= 8 else v[1] for v in vals)
-            label = f"{size} B (us)" if size <= 8 else f"{size >> 20} MiB"
+    rounds = args.rounds or (1 if args.quick else 5)
+    sizes = args.sizes or ((8, 1 << 20, 16 << 20) if args.quick else collectives.SIZES)
 
-            def ratio(other):
-                if other not in med or "gorun" not in med or not med[other] or not med["gorun"]:
-                    return "-"
-                # Lower latency is better, higher bandwidth is better.
-                r = med[other] / med["gorun"] if size <= 8 else med["gorun"] / med[other]
-                return f"{r:.2f}x"
+    needs = missing(args.sections)
+    if needs:
+        sys.exit("bench-compare: cannot run:\n  " + "\n  ".join(needs))
 
-            cells = [f"{med[n]:.2f}" if n in med else "-" for n in names]
-            print(f"| {world} | {label} | " + " | ".join(cells) +
-                  f" | {ratio('gloo')} | {ratio('mpi-shm')} | {ratio('mpi-tcp')} |")
+    began = time.monotonic()
+    lines = [f"## gorun vs torch 1.13 and OpenMPI, {datetime.date.today().isoformat()}", "",
+             f"Machine: {machine()}.", ""]
+    verdicts, raw = [], {}
+    if "collectives" in args.sections:
+        times, unsupported = collectives.run(args.ops, sizes, args.worlds, rounds, args.quick)
+        table = collectives.Table(times, unsupported)
+        lines += table.render(args.ops, sizes, args.worlds, rounds) + [""]
+        verdicts += table.verdicts
+        raw["collectives"] = table.raw()
+    if "launcher" in args.sections:
+        launch_times = launcher.run(rounds, args.quick, skip_torchrun=args.quick)
+        launch_lines, launch_verdicts = launcher.render(launch_times)
+        lines += launch_lines + [""]
+        verdicts += launch_verdicts
+        raw["launcher_seconds"] = launch_times
+    if "store" in args.sections:
+        rates = store.run(rounds, args.quick)
+        lines += store.render(rates, rounds) + [""]
+        raw["store_ops_per_s"] = [{"server": s, "op": op, "clients": c, "rounds": r}
+                                  for (s, op, c), r in sorted(rates.items())]
+
+    missed = [v for v in verdicts if not v[2]]
+    lines.append(f"### Targets: {len(verdicts) - len(missed)} of {len(verdicts)} met")
+    lines += [""] + [f"- MISSED {what}: {ratio}" for what, ratio, _ in missed]
+    lines.append(f"\n(bench-compare took {time.monotonic() - began:.0f} s; "
+                 f"load average {os.getloadavg()[0]:.2f} at the end)")
+    text = "\n".join(lines) + "\n"
+    sys.stdout.write(text)
+    if args.out:
+        with open(args.out, "w") as f:
+            f.write(text)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(raw, f, indent=1)
+    if args.strict and missed:
+        sys.exit(1)
 
 
 if __name__ == "__main__":

@@ -3,6 +3,12 @@
 // bandwidth formulas, so the figures compare directly:
 //
 //	gorun --nproc-per-node 4 bin/allreduce-perf -b 8 -e 64M -f 2 -o allreduce -d float32
+//
+// One addition: -sizes runs a list of sizes instead of the -b/-e/-f
+// progression, and -w and -n then take one count per size, so a single
+// launch can give 8 bytes many iterations and 64 MiB a few:
+//
+//	allreduce-perf -sizes 8,1M,64M -w 20,3,2 -n 500,50,5
 package main
 
 import (
@@ -11,6 +17,7 @@ import (
 	"fmt"
 	"math"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -137,10 +144,13 @@ func run() error {
 	minBytes := flag.String("b", "8", "minimum size in bytes (K, M, G suffixes)")
 	maxBytes := flag.String("e", "64M", "maximum size in bytes")
 	factor := flag.Int("f", 2, "multiplication factor between sizes")
+	sizeList := flag.String("sizes", "", "comma-separated sizes to run instead of -b, -e and -f, e.g. 8,64K,1M")
 	opName := flag.String("o", "allreduce", "collective: allreduce, broadcast, allgather, reduce_scatter, alltoall")
 	dtypeName := flag.String("d", "float32", "data type: int8, uint8, int32, int64, float16, bfloat16, float32, float64")
-	warmup := flag.Int("w", 5, "warmup iterations")
-	iters := flag.Int("n", 20, "timed iterations")
+	warmup := counts{5}
+	flag.Var(&warmup, "w", "warmup iterations: one count, or one per size of -sizes (default 5)")
+	iters := counts{20}
+	flag.Var(&iters, "n", "timed iterations: one count, or one per size of -sizes (default 20)")
 	check := flag.Int("c", 1, "check results (1) or not (0)")
 	flag.Parse()
 
@@ -152,16 +162,21 @@ func run() error {
 	if !ok {
 		return fmt.Errorf("-d %q: unknown data type", *dtypeName)
 	}
-	lo, err := parseSize(*minBytes)
+	plan, err := planSizes(*sizeList, *minBytes, *maxBytes, *factor)
 	if err != nil {
 		return err
 	}
-	hi, err := parseSize(*maxBytes)
-	if err != nil {
-		return err
+	sizes := plan.sizes
+	for _, c := range []struct {
+		flag string
+		n    counts
+	}{{"-w", warmup}, {"-n", iters}} {
+		if len(c.n) != 1 && len(c.n) != len(sizes) {
+			return fmt.Errorf("%s %s: want one count or one per size (%d sizes)", c.flag, c.n.String(), len(sizes))
+		}
 	}
-	if *factor < 2 || lo < 1 || hi < lo {
-		return fmt.Errorf("want 0 < -b <= -e and -f >= 2")
+	if slices.Contains(iters, 0) {
+		return fmt.Errorf("-n %s: want at least one timed iteration per size", iters.String())
 	}
 
 	ctx := context.Background()
@@ -172,8 +187,8 @@ func run() error {
 	defer pg.Close()
 	r, n := pg.Rank(), pg.Size()
 	if r == 0 {
-		fmt.Printf("# gorun %s: world %d, minBytes %d maxBytes %d step: %d(factor) warmup iters: %d iters: %d validation: %d\n",
-			*opName, n, lo, hi, *factor, *warmup, *iters, *check)
+		fmt.Printf("# gorun %s: world %d, minBytes %d maxBytes %d step: %s warmup iters: %s iters: %s validation: %d\n",
+			*opName, n, plan.min, plan.max, plan.step, warmup.String(), iters.String(), *check)
 		fmt.Println("#")
 		fmt.Printf("# %10s  %12s  %8s  %6s  %6s  %8s  %6s  %6s  %6s\n", "size", "count", "type", "redop", "root", "time", "algbw", "busbw", "#wrong")
 		fmt.Printf("# %10s  %12s  %8s  %6s  %6s  %8s  %6s  %6s  %6s\n", "(B)", "(elements)", "", "", "", "(us)", "(GB/s)", "(GB/s)", "")
@@ -182,13 +197,13 @@ func run() error {
 	var wrongTotal int
 	var busSum float64
 	var rows int
-	for size := lo; size <= hi; size *= *factor {
+	for si, size := range sizes {
 		count := max(size/dt.Size(), 1)
 		if op.perRank {
 			count = max(count-count%n, n)
 		}
 		b := buffers{in: newTensor(dt, op.inCount(count, n)), out: newTensor(dt, op.outCount(count, n))}
-		for i := 0; i < *warmup; i++ {
+		for i := 0; i < warmup.at(si); i++ {
 			if err := op.run(ctx, pg, &b); err != nil {
 				return err
 			}
@@ -197,12 +212,12 @@ func run() error {
 			return err
 		}
 		start := time.Now()
-		for i := 0; i < *iters; i++ {
+		for i := 0; i < iters.at(si); i++ {
 			if err := op.run(ctx, pg, &b); err != nil {
 				return err
 			}
 		}
-		elapsed := time.Since(start).Seconds() / float64(*iters)
+		elapsed := time.Since(start).Seconds() / float64(iters.at(si))
 		// The slowest rank sets the pace, as nccl-tests reports it.
 		slowest := []float64{elapsed}
 		if err := pg.AllReduce(ctx, dist.Of(slowest), dist.Max); err != nil {
@@ -222,8 +237,14 @@ func run() error {
 		busSum += busbw
 		rows++
 		if r == 0 {
+			// As nccl-tests: size is the whole buffer, count what one rank
+			// passes to the call (its share, for the per-rank collectives).
+			shown := count
+			if op.perRank {
+				shown = count / n
+			}
 			fmt.Printf("  %10d  %12d  %8s  %6s  %6d  %8.1f  %6.2f  %6.2f  %6d\n",
-				count*dt.Size(), count, *dtypeName, op.name, -1, slowest[0]*1e6, algbw, busbw, wrong)
+				count*dt.Size(), shown, *dtypeName, op.name, -1, slowest[0]*1e6, algbw, busbw, wrong)
 		}
 	}
 	if r == 0 {
@@ -328,6 +349,86 @@ func get(t dist.Tensor, i int) float64 {
 		return dist.Elems[float64](t)[i]
 	}
 	return math.NaN()
+}
+
+// sizePlan is the sizes one run measures, and how the header line
+// describes them.
+type sizePlan struct {
+	sizes    []int
+	min, max int
+	step     string
+}
+
+// planSizes returns the -sizes list when given, else the progression from
+// -b to -e by -f.
+func planSizes(list, minBytes, maxBytes string, factor int) (sizePlan, error) {
+	if list != "" {
+		plan := sizePlan{step: "list"}
+		for _, field := range strings.Split(list, ",") {
+			size, err := parseSize(strings.TrimSpace(field))
+			if err != nil {
+				return sizePlan{}, fmt.Errorf("-sizes: %w", err)
+			}
+			if size < 1 {
+				return sizePlan{}, fmt.Errorf("-sizes: size %q: want at least 1 byte", field)
+			}
+			plan.sizes = append(plan.sizes, size)
+		}
+		plan.min, plan.max = slices.Min(plan.sizes), slices.Max(plan.sizes)
+		return plan, nil
+	}
+	lo, err := parseSize(minBytes)
+	if err != nil {
+		return sizePlan{}, err
+	}
+	hi, err := parseSize(maxBytes)
+	if err != nil {
+		return sizePlan{}, err
+	}
+	if factor < 2 || lo < 1 || hi < lo {
+		return sizePlan{}, fmt.Errorf("want 0 < -b <= -e and -f >= 2")
+	}
+	plan := sizePlan{min: lo, max: hi, step: strconv.Itoa(factor) + "(factor)"}
+	for size := lo; size <= hi; size *= factor {
+		plan.sizes = append(plan.sizes, size)
+	}
+	return plan, nil
+}
+
+// counts is an iteration-count flag: one count for every size, or a
+// comma-separated count per size.
+type counts []int
+
+func (c *counts) String() string {
+	if c == nil {
+		return ""
+	}
+	fields := make([]string, len(*c))
+	for i, n := range *c {
+		fields[i] = strconv.Itoa(n)
+	}
+	return strings.Join(fields, ",")
+}
+
+func (c *counts) Set(s string) error {
+	var parsed counts
+	for _, field := range strings.Split(s, ",") {
+		n, err := strconv.Atoi(strings.TrimSpace(field))
+		if err != nil || n < 0 {
+			return fmt.Errorf("count %q: want a non-negative integer", field)
+		}
+		parsed = append(parsed, n)
+	}
+	*c = parsed
+	return nil
+}
+
+// at is the count for the i-th size.
+func (c counts) at(i int) int {
+	if len(c) == 1 {
+		return c[0]
+	}
+	return c[i]
 }
 
 // parseSize reads a byte count with an optional K, M or G suffix.
