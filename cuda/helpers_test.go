@@ -5,82 +5,34 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"os/exec"
-	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/ebitengine/purego"
+	"github.com/gorun/gorun/cuda/cudatest"
 	"github.com/gorun/gorun/rendezvous"
 )
 
-// The fake libraries are compiled once per variant into buildDir, and
-// every test loads its own copy: the dynamic loader treats a copy at a new
-// path as a new library, with state of its own.
-var (
-	buildDir string
-	builds   sync.Map // variant key → *build
-)
-
-type build struct {
-	once sync.Once
-	path string
-	err  error
-}
+// fakes compiles the fake libraries, once per variant, and gives every
+// test its own copy.
+var fakes *cudatest.Builder
 
 func TestMain(m *testing.M) {
-	dir, err := os.MkdirTemp("", "gorun-cuda-fakes-")
+	b, err := cudatest.NewBuilder("testdata")
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)
 	}
-	buildDir = dir
+	fakes = b
 	code := m.Run()
-	os.RemoveAll(dir)
+	b.Close()
 	os.Exit(code)
 }
 
-// fakeLibrary returns a fresh copy of testdata/src compiled with defines,
-// named soname, in a folder of t's own.
-func fakeLibrary(t *testing.T, src, soname string, defines ...string) string {
-	t.Helper()
-	key := src + " " + strings.Join(defines, " ")
-	v, _ := builds.LoadOrStore(key, &build{})
-	b := v.(*build)
-	b.once.Do(func() {
-		cc, err := exec.LookPath("cc")
-		if err != nil {
-			b.err = fmt.Errorf("no C compiler to build the fake CUDA and NCCL libraries (install the Debian package gcc): %w", err)
-			return
-		}
-		b.path = filepath.Join(buildDir, strings.TrimSuffix(src, ".c")+strings.ReplaceAll(strings.Join(defines, ""), "-D", "-")+".so")
-		args := append([]string{"-shared", "-fPIC", "-O1", "-Wall", "-Werror", "-Wl,-Bsymbolic"}, defines...)
-		args = append(args, "-o", b.path, filepath.Join("testdata", src), "-lpthread")
-		if out, err := exec.Command(cc, args...).CombinedOutput(); err != nil {
-			b.err = fmt.Errorf("cc %s: %v\n%s", strings.Join(args, " "), err, out)
-		}
-	})
-	if b.err != nil {
-		t.Fatal(b.err)
-	}
-	data, err := os.ReadFile(b.path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	path := filepath.Join(t.TempDir(), soname)
-	if err := os.WriteFile(path, data, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	return path
-}
+func fakeCUDA(t *testing.T) string { return fakes.CUDA(t) }
 
-func fakeCUDA(t *testing.T) string { return fakeLibrary(t, "fake_cuda.c", "libcuda.so.1") }
-
-func fakeNCCL(t *testing.T, defines ...string) string {
-	return fakeLibrary(t, "fake_nccl.c", "libnccl.so.2", defines...)
-}
+func fakeNCCL(t *testing.T, defines ...string) string { return fakes.NCCL(t, defines...) }
 
 // only is a Search that finds nothing but path, through the library's
 // environment variable, without asking any Python.

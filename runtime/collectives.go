@@ -3,6 +3,8 @@ package runtime
 import (
 	"context"
 	"slices"
+
+	"github.com/gorun/gorun/cuda"
 )
 
 // Each collective comes in two forms sharing one implementation, the
@@ -10,6 +12,13 @@ import (
 // the blocking form waits for it, and ctx cancels it; the asynchronous
 // form returns its Work at once, and the tensors must be left alone until
 // the Work completes.
+//
+// The implementation gives the operation's host form, on the group's
+// host communicator, and its device form, on the group's NCCL
+// communicator (see tensorOp). NCCL's forms mirror torch's: a list of
+// tensors that are consecutive slices of one device buffer is one NCCL
+// call, other lists become a group of sends and receives, or one reduce
+// per rank.
 
 // Broadcast copies root's t into every rank's t.
 func (pg *ProcessGroup) Broadcast(ctx context.Context, t Tensor, root int) error {
@@ -22,9 +31,12 @@ func (pg *ProcessGroup) BroadcastAsync(t Tensor, root int) *Work {
 }
 
 func (pg *ProcessGroup) broadcast(ctx context.Context, t Tensor, root int) *Work {
-	return pg.collective(ctx, "broadcast",
+	return pg.tensorOp(ctx, "broadcast", inPlace(&t),
 		func() error { return pg.checkRank("root", root) },
-		func(ctx context.Context) error { return pg.comm.Broadcast(ctx, t.data, t.dtype, root) })
+		func(ctx context.Context) error { return pg.comm.Broadcast(ctx, t.data, t.dtype, root) },
+		func(ctx context.Context, c *cuda.Comm) ([]*cuda.Work, error) {
+			return one(c.Broadcast(ctx, t.ptr(), t.ptr(), t.Len(), t.dtype, root))
+		})
 }
 
 // AllReduce reduces t across the group with op, leaving the result,
@@ -39,9 +51,12 @@ func (pg *ProcessGroup) AllReduceAsync(t Tensor, op ReduceOp) *Work {
 }
 
 func (pg *ProcessGroup) allReduce(ctx context.Context, t Tensor, op ReduceOp) *Work {
-	return pg.collective(ctx, "all_reduce",
+	return pg.tensorOp(ctx, "all_reduce", inPlace(&t),
 		func() error { return checkReduce(t.dtype, op) },
-		func(ctx context.Context) error { return pg.comm.AllReduce(ctx, t.data, t.dtype, op) })
+		func(ctx context.Context) error { return pg.comm.AllReduce(ctx, t.data, t.dtype, op) },
+		func(ctx context.Context, c *cuda.Comm) ([]*cuda.Work, error) {
+			return one(c.AllReduce(ctx, t.ptr(), t.ptr(), t.Len(), t.dtype, op))
+		})
 }
 
 // Reduce reduces t across the group with op into root's t; the other
@@ -56,9 +71,12 @@ func (pg *ProcessGroup) ReduceAsync(t Tensor, root int, op ReduceOp) *Work {
 }
 
 func (pg *ProcessGroup) reduce(ctx context.Context, t Tensor, root int, op ReduceOp) *Work {
-	return pg.collective(ctx, "reduce",
+	return pg.tensorOp(ctx, "reduce", inPlace(&t),
 		func() error { return firstError(pg.checkRank("root", root), checkReduce(t.dtype, op)) },
-		func(ctx context.Context) error { return pg.comm.Reduce(ctx, t.data, t.dtype, op, root) })
+		func(ctx context.Context) error { return pg.comm.Reduce(ctx, t.data, t.dtype, op, root) },
+		func(ctx context.Context, c *cuda.Comm) ([]*cuda.Work, error) {
+			return one(c.Reduce(ctx, t.ptr(), t.ptr(), t.Len(), t.dtype, op, root))
+		})
 }
 
 // AllGather copies every rank's in into out[rank] on every rank; out
@@ -74,7 +92,7 @@ func (pg *ProcessGroup) AllGatherAsync(out []Tensor, in Tensor) *Work {
 
 func (pg *ProcessGroup) allGather(ctx context.Context, out []Tensor, in Tensor) *Work {
 	out = slices.Clone(out)
-	return pg.collective(ctx, "all_gather",
+	return pg.tensorOp(ctx, "all_gather", operands{reads: []*Tensor{&in}, writes: each(out)},
 		func() error { return pg.checkList("out", out, in.dtype, in.Len()) },
 		func(ctx context.Context) error {
 			gathered := make([]byte, len(out)*len(in.data))
@@ -83,6 +101,16 @@ func (pg *ProcessGroup) allGather(ctx context.Context, out []Tensor, in Tensor) 
 			}
 			unpack(out, gathered)
 			return nil
+		},
+		func(ctx context.Context, c *cuda.Comm) ([]*cuda.Work, error) {
+			if whole, ok := span(out); ok {
+				return one(c.AllGather(ctx, in.ptr(), whole.ptr(), in.Len(), in.dtype))
+			}
+			var ops []cuda.P2POp
+			for r, o := range out {
+				ops = append(ops, sendTo(r, in), recvFrom(r, o))
+			}
+			return p2pBatch(ctx, c, ops)
 		})
 }
 
@@ -99,11 +127,14 @@ func (pg *ProcessGroup) AllGatherIntoAsync(out, in Tensor) *Work {
 }
 
 func (pg *ProcessGroup) allGatherInto(ctx context.Context, out, in Tensor) *Work {
-	return pg.collective(ctx, "all_gather_into_tensor",
+	return pg.tensorOp(ctx, "all_gather_into_tensor", operands{reads: []*Tensor{&in}, writes: []*Tensor{&out}},
 		func() error {
 			return firstError(checkDType("out", out, in.dtype), checkLen("out", out, pg.Size()*in.Len()))
 		},
-		func(ctx context.Context) error { return pg.comm.AllGather(ctx, out.data, in.data, in.dtype) })
+		func(ctx context.Context) error { return pg.comm.AllGather(ctx, out.data, in.data, in.dtype) },
+		func(ctx context.Context, c *cuda.Comm) ([]*cuda.Work, error) {
+			return one(c.AllGather(ctx, in.ptr(), out.ptr(), in.Len(), in.dtype))
+		})
 }
 
 // Gather copies every rank's in into root's out[rank]. On root, out holds
@@ -120,7 +151,11 @@ func (pg *ProcessGroup) GatherAsync(out []Tensor, in Tensor, root int) *Work {
 
 func (pg *ProcessGroup) gather(ctx context.Context, out []Tensor, in Tensor, root int) *Work {
 	out = slices.Clone(out)
-	return pg.collective(ctx, "gather",
+	args := operands{reads: []*Tensor{&in}}
+	if pg.rank == root {
+		args.writes = each(out) // only root's out matters
+	}
+	return pg.tensorOp(ctx, "gather", args,
 		func() error {
 			if err := pg.checkRank("root", root); err != nil || pg.rank != root {
 				return err // only root's out matters
@@ -137,6 +172,15 @@ func (pg *ProcessGroup) gather(ctx context.Context, out []Tensor, in Tensor, roo
 			}
 			unpack(out, gathered)
 			return nil
+		},
+		func(ctx context.Context, c *cuda.Comm) ([]*cuda.Work, error) {
+			ops := []cuda.P2POp{sendTo(root, in)}
+			if pg.rank == root {
+				for r, o := range out {
+					ops = append(ops, recvFrom(r, o))
+				}
+			}
+			return p2pBatch(ctx, c, ops)
 		})
 }
 
@@ -154,7 +198,11 @@ func (pg *ProcessGroup) ScatterAsync(out Tensor, in []Tensor, root int) *Work {
 
 func (pg *ProcessGroup) scatter(ctx context.Context, out Tensor, in []Tensor, root int) *Work {
 	in = slices.Clone(in)
-	return pg.collective(ctx, "scatter",
+	args := operands{writes: []*Tensor{&out}}
+	if pg.rank == root {
+		args.reads = each(in) // only root's in matters
+	}
+	return pg.tensorOp(ctx, "scatter", args,
 		func() error {
 			if err := pg.checkRank("root", root); err != nil || pg.rank != root {
 				return err // only root's in matters
@@ -167,6 +215,15 @@ func (pg *ProcessGroup) scatter(ctx context.Context, out Tensor, in []Tensor, ro
 				scattered = pack(in)
 			}
 			return pg.comm.Scatter(ctx, out.data, scattered, out.dtype, root)
+		},
+		func(ctx context.Context, c *cuda.Comm) ([]*cuda.Work, error) {
+			var ops []cuda.P2POp
+			if pg.rank == root {
+				for r, t := range in {
+					ops = append(ops, sendTo(r, t))
+				}
+			}
+			return p2pBatch(ctx, c, append(ops, recvFrom(root, out)))
 		})
 }
 
@@ -185,7 +242,7 @@ func (pg *ProcessGroup) ReduceScatterAsync(out Tensor, in []Tensor, op ReduceOp)
 
 func (pg *ProcessGroup) reduceScatter(ctx context.Context, out Tensor, in []Tensor, op ReduceOp) *Work {
 	in = slices.Clone(in)
-	return pg.collective(ctx, "reduce_scatter",
+	return pg.tensorOp(ctx, "reduce_scatter", operands{reads: each(in), writes: []*Tensor{&out}},
 		func() error {
 			if err := firstError(checkReduce(out.dtype, op), pg.checkList("in", in, out.dtype, -1)); err != nil {
 				return err
@@ -194,6 +251,27 @@ func (pg *ProcessGroup) reduceScatter(ctx context.Context, out Tensor, in []Tens
 		},
 		func(ctx context.Context) error {
 			return pg.comm.ReduceScatter(ctx, out.data, pack(in), out.dtype, op, lengths(in))
+		},
+		func(ctx context.Context, c *cuda.Comm) ([]*cuda.Work, error) {
+			if whole, ok := span(in); ok {
+				return one(c.ReduceScatter(ctx, whole.ptr(), out.ptr(), lengths(in), out.dtype, op))
+			}
+			// One reduce per rank, in rank order on every rank. NCCL
+			// writes a reduce's receive buffer on its root only, so the
+			// others name their send buffer there.
+			var works []*cuda.Work
+			for r, t := range in {
+				recv := t
+				if r == pg.rank {
+					recv = out
+				}
+				w, err := c.Reduce(ctx, t.ptr(), recv.ptr(), t.Len(), t.dtype, op, r)
+				if err != nil {
+					return works, err
+				}
+				works = append(works, w)
+			}
+			return works, nil
 		})
 }
 
@@ -210,12 +288,15 @@ func (pg *ProcessGroup) ReduceScatterFromAsync(out, in Tensor, op ReduceOp) *Wor
 }
 
 func (pg *ProcessGroup) reduceScatterFrom(ctx context.Context, out, in Tensor, op ReduceOp) *Work {
-	return pg.collective(ctx, "reduce_scatter_tensor",
+	return pg.tensorOp(ctx, "reduce_scatter_tensor", operands{reads: []*Tensor{&in}, writes: []*Tensor{&out}},
 		func() error {
 			return firstError(checkReduce(out.dtype, op), checkDType("in", in, out.dtype), checkLen("in", in, pg.Size()*out.Len()))
 		},
 		func(ctx context.Context) error {
 			return pg.comm.ReduceScatter(ctx, out.data, in.data, out.dtype, op, repeat(out.Len(), pg.Size()))
+		},
+		func(ctx context.Context, c *cuda.Comm) ([]*cuda.Work, error) {
+			return one(c.ReduceScatter(ctx, in.ptr(), out.ptr(), repeat(out.Len(), pg.Size()), out.dtype, op))
 		})
 }
 
@@ -233,7 +314,7 @@ func (pg *ProcessGroup) AllToAllAsync(out, in []Tensor) *Work {
 
 func (pg *ProcessGroup) allToAll(ctx context.Context, out, in []Tensor) *Work {
 	out, in = slices.Clone(out), slices.Clone(in)
-	return pg.collective(ctx, "all_to_all",
+	return pg.tensorOp(ctx, "all_to_all", operands{reads: each(in), writes: each(out)},
 		func() error {
 			if err := pg.checkList("in", in, dtypeOfFirst(in), -1); err != nil {
 				return err
@@ -247,6 +328,13 @@ func (pg *ProcessGroup) allToAll(ctx context.Context, out, in []Tensor) *Work {
 			}
 			unpack(out, received)
 			return nil
+		},
+		func(ctx context.Context, c *cuda.Comm) ([]*cuda.Work, error) {
+			var ops []cuda.P2POp
+			for r := range in {
+				ops = append(ops, sendTo(r, in[r]), recvFrom(r, out[r]))
+			}
+			return p2pBatch(ctx, c, ops)
 		})
 }
 
@@ -265,7 +353,7 @@ func (pg *ProcessGroup) AllToAllSingleAsync(out, in Tensor, outSplits, inSplits 
 
 func (pg *ProcessGroup) allToAllSingle(ctx context.Context, out, in Tensor, outSplits, inSplits []int) *Work {
 	var sendCounts, recvCounts []int
-	return pg.collective(ctx, "all_to_all_single",
+	return pg.tensorOp(ctx, "all_to_all_single", operands{reads: []*Tensor{&in}, writes: []*Tensor{&out}},
 		func() (err error) {
 			if err = checkDType("out", out, in.dtype); err != nil {
 				return err
@@ -278,6 +366,9 @@ func (pg *ProcessGroup) allToAllSingle(ctx context.Context, out, in Tensor, outS
 		},
 		func(ctx context.Context) error {
 			return pg.comm.AllToAll(ctx, out.data, in.data, in.dtype, sendCounts, recvCounts)
+		},
+		func(ctx context.Context, c *cuda.Comm) ([]*cuda.Work, error) {
+			return one(c.AllToAll(ctx, in.ptr(), out.ptr(), sendCounts, recvCounts, in.dtype))
 		})
 }
 

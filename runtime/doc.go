@@ -25,6 +25,20 @@
 // in the same order. Each operation is bounded by the group's timeout
 // (WithTimeout) as well as by its context.
 //
+// On GPUs, a Tensor may view device memory (NewDeviceTensor,
+// DeviceTensor; Copy moves data to and from the host), and every
+// collective and message accepts device tensors. With the NCCL backend
+// they run on NCCL communicators of the group's own, on the GPU numbered
+// LOCAL_RANK, while host tensors keep travelling over TCP and shared
+// memory; on the TCP backend they are staged through host memory. The
+// default backend, "auto", takes NCCL when every rank can (see
+// WithBackend and BackendEnv):
+//
+//	x, err := dist.NewDeviceTensor(pg.Device(), dist.Float32, n)
+//	err = dist.Copy(x, dist.Of(grads))
+//	err = pg.AllReduce(ctx, x, dist.Avg)
+//	err = dist.Copy(dist.Of(grads), x)
+//
 // Go values travel with the object collectives (BroadcastObject,
 // AllGatherObject, GatherObject, ScatterObject), which encode them with
 // encoding/gob.

@@ -155,12 +155,12 @@ func reduceAll(dst []byte, bufs [][]byte, dt collective.DType, op collective.Op)
 func divide(buf []byte, dt collective.DType, n int) error {
 	switch dt {
 	case collective.Float32:
-		for i, v := range Elems[float32](Tensor{buf, dt}) {
-			Elems[float32](Tensor{buf, dt})[i] = v / float32(n)
+		for i, v := range Elems[float32](Tensor{data: buf, dtype: dt}) {
+			Elems[float32](Tensor{data: buf, dtype: dt})[i] = v / float32(n)
 		}
 	case collective.Float64:
-		for i, v := range Elems[float64](Tensor{buf, dt}) {
-			Elems[float64](Tensor{buf, dt})[i] = v / float64(n)
+		for i, v := range Elems[float64](Tensor{data: buf, dtype: dt}) {
+			Elems[float64](Tensor{data: buf, dtype: dt})[i] = v / float64(n)
 		}
 	default:
 		return fmt.Errorf("fake: avg of %s", dt)

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/gorun/gorun/collective"
+	"github.com/gorun/gorun/cuda"
 	"github.com/rs/zerolog"
 )
 
@@ -44,9 +45,11 @@ type ProcessGroup struct {
 
 	// Members only: collectives run on comm through exec, point-to-point
 	// messages on p2p through lanes. Two communicators keep the two apart,
-	// which a Comm requires.
+	// which a Comm requires. With NCCL, nccl carries device tensors the
+	// same way; it is nil on TCP.
 	comm  collective.Comm
 	p2p   collective.Comm
+	nccl  *ncclComms
 	exec  *executor
 	lanes *lanes
 	stop  context.CancelCauseFunc // ends the scope of exec and lanes
@@ -65,18 +68,21 @@ type job struct {
 	localRank, localWorldSize int
 	timeout                   time.Duration
 	log                       zerolog.Logger
-	release                   func() error // store client, hosted store server
+	release                   func() error // store client, hosted store server, GPU
 	progress                  *progress    // nil unless the launcher watches
+	backend                   string       // backendNCCL or backendTCP
+	gpu                       *gpu         // nil when Init opened none
 }
 
-// newMember returns the group of ranks whose communicator is comm.
-func newMember(j *job, id string, ranks []int, comm, p2p collective.Comm) *ProcessGroup {
+// newMember returns the group of ranks whose communicators are comm and
+// p2p, and nccl, nil without NCCL.
+func newMember(j *job, id string, ranks []int, comm, p2p collective.Comm, nccl *ncclComms) *ProcessGroup {
 	life, stop := context.WithCancelCause(context.Background())
 	s := scope{life: life, timeout: j.timeout, progress: j.progress}
 	pg := &ProcessGroup{
 		id: id, ranks: ranks, rank: comm.Rank(), job: j,
 		log:  j.log.With().Str("group", id).Logger(),
-		comm: comm, p2p: p2p,
+		comm: comm, p2p: p2p, nccl: nccl,
 		exec: newExecutor(s), lanes: newLanes(s), stop: stop,
 	}
 	pg.close = sync.OnceValue(pg.shutdown)
@@ -131,6 +137,22 @@ func (pg *ProcessGroup) LocalWorldSize() int { return pg.job.localWorldSize }
 // Timeout returns the time each operation of the group may take.
 func (pg *ProcessGroup) Timeout() time.Duration { return pg.job.timeout }
 
+// Backend returns what carries the group's device tensors: "nccl", or
+// "tcp", which stages them through host memory. Host tensors always
+// travel over TCP and shared memory.
+func (pg *ProcessGroup) Backend() string { return pg.job.backend }
+
+// Device returns this process's GPU, which Init opened unless the backend
+// is "tcp" or there is none (nil then). With NCCL, the group's device
+// tensors must be on it. It is the job's: Close of the group Init
+// returned closes it.
+func (pg *ProcessGroup) Device() *cuda.Device {
+	if pg.job.gpu == nil {
+		return nil
+	}
+	return pg.job.gpu.dev
+}
+
 func (pg *ProcessGroup) String() string {
 	return fmt.Sprintf("ProcessGroup(%s, rank %d of %d)", pg.id, pg.rank, len(pg.ranks))
 }
@@ -148,7 +170,9 @@ func (pg *ProcessGroup) Close() error {
 }
 
 // shutdown is Close's body: subgroups first, then this group's operations
-// and communicators, then what the job shares.
+// and communicators, then what the job shares. Every rank closes NCCL
+// communicators in the same order, children before parents, since
+// destroying one may wait for its peers.
 func (pg *ProcessGroup) shutdown() error {
 	pg.mu.Lock()
 	subgroups := pg.subgroups
@@ -167,6 +191,9 @@ func (pg *ProcessGroup) shutdown() error {
 		errs = append(errs, pg.comm.Close(), pg.p2p.Close())
 		pg.exec.wait()
 		pg.lanes.wait()
+		// NCCL's operations, cancelled, have returned; their
+		// communicators go last, as the GPU must be done with them.
+		errs = append(errs, pg.nccl.close())
 	}
 	if pg.job.release != nil && pg.id == worldID {
 		errs = append(errs, pg.job.release())
@@ -299,15 +326,24 @@ func (pg *ProcessGroup) partition(ctx context.Context, groups [][]int) (_ *Proce
 		if err != nil {
 			return nil, err
 		}
+		var nccl *ncclComms
+		if pg.nccl != nil {
+			// Every rank of pg takes part, members or not.
+			if nccl, err = pg.nccl.split(ctx, members, id); err != nil {
+				if comm != nil {
+					comm.Close()
+				}
+				return nil, err
+			}
+		}
 		if comm == nil {
 			continue
 		}
 		p2p, err := comm.Split(ctx, everyRank(len(members)), "p2p")
 		if err != nil {
-			comm.Close()
-			return nil, err
+			return nil, errors.Join(err, comm.Close(), nccl.close())
 		}
-		mine = newMember(pg.job, id, pg.globalRanks(members), comm, p2p)
+		mine = newMember(pg.job, id, pg.globalRanks(members), comm, p2p, nccl)
 	}
 	if mine == nil {
 		mine = newNonMember(pg.job, pg.id+".-", pg.ownGroupRanks(groups))

@@ -42,8 +42,18 @@ type config struct {
 	connect    connector // replaces the backend when not nil
 }
 
-// WithBackend chooses the transport: "tcp", or "auto" (the default),
-// which picks the best one available. "nccl" is not available yet.
+// WithBackend chooses the backend, instead of the BackendEnv variable:
+//
+//   - "auto" (the default): NCCL for device tensors when every rank has a
+//     GPU of its own and NCCL loads, else TCP. A rank that has a GPU but
+//     cannot use NCCL logs why in one warning (naming the files it tried
+//     to load, or what they lack), and the job goes on with TCP.
+//   - "nccl": NCCL for device tensors, or Init fails saying why.
+//   - "tcp": TCP only; Init touches no GPU, and device tensors (made by
+//     the caller's own cuda.Device) are staged through host memory.
+//
+// Host tensors always travel over TCP and shared memory. Each rank uses
+// the GPU numbered LOCAL_RANK, modulo the GPUs it sees.
 func WithBackend(name string) Option { return func(c *config) { c.backend = name } }
 
 // WithTimeout bounds each operation of the groups, and Init itself when
@@ -99,25 +109,29 @@ func withConnector(connect connector) Option { return func(c *config) { c.connec
 //     otherwise rank 0 hosts a store on MASTER_PORT, on every interface.
 //   - GORUN_PROGRESS_FILE when set (gorun --hang-timeout): the counter of
 //     completed operations the launcher watches (see ProgressFileEnv).
+//   - GORUN_BACKEND, unless WithBackend chooses the backend; with NCCL,
+//     CUDA_VISIBLE_DEVICES, and GORUN_CUDA_LIBRARY and GORUN_NCCL_LIBRARY
+//     to name the libraries' files (see package cuda).
 //
 // Every rank must call Init, and Close the group it returns.
 func Init(ctx context.Context, opts ...Option) (*ProcessGroup, error) {
-	cfg := config{backend: "auto", timeout: DefaultTimeout, log: zerolog.Nop(), lookupEnv: os.LookupEnv}
+	cfg := config{timeout: DefaultTimeout, log: zerolog.Nop(), lookupEnv: os.LookupEnv}
 	for _, opt := range opts {
 		opt(&cfg)
 	}
 	if cfg.timeout <= 0 {
 		return nil, fmt.Errorf("runtime: timeout %s is not positive", cfg.timeout)
 	}
+	backend, err := cfg.backendName()
+	if err != nil {
+		return nil, err
+	}
 	env, err := cfg.readEnv()
 	if err != nil {
 		return nil, err
 	}
 	log := cfg.log.With().Int("rank", env.rank).Logger()
-	connect, err := cfg.chooseBackend(env, log)
-	if err != nil {
-		return nil, err
-	}
+	connect := cfg.hostBackend(env, log)
 	if _, ok := ctx.Deadline(); !ok {
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithTimeout(ctx, cfg.timeout)
@@ -126,22 +140,42 @@ func Init(ctx context.Context, opts ...Option) (*ProcessGroup, error) {
 
 	var release cleanups // what the world's Close releases, or a failure now
 	progress := cfg.openProgress(log, &release)
-	var comm, p2p collective.Comm
 	store, err := cfg.openStore(ctx, env, log, &release)
-	if err == nil {
-		comm, p2p, err = connectWorld(ctx, connect, rendezvous.NewPrefixStore(jobPrefix, store), env)
-	}
 	if err != nil {
 		release.run()
 		return nil, err
+	}
+	store = rendezvous.NewPrefixStore(jobPrefix, store)
+	comm, p2p, err := connectWorld(ctx, connect, store, env)
+	if err != nil {
+		release.run()
+		return nil, err
+	}
+	var (
+		g     *gpu
+		nccl  *ncclComms
+		using = backendTCP
+	)
+	// A test's connector stands in for every backend.
+	if backend != backendTCP && cfg.connect == nil {
+		g, nccl, err = cfg.startNCCL(ctx, backend, env, store, comm, log, &release)
+		if err != nil {
+			err = errors.Join(err, comm.Close(), p2p.Close())
+			release.run()
+			return nil, err
+		}
+		if nccl != nil {
+			using = backendNCCL
+		}
 	}
 	progress.add() // joining is the first progress
 	j := &job{
 		localRank: env.localRank, localWorldSize: env.localWorldSize,
 		timeout: cfg.timeout, log: log, release: release.run, progress: progress,
+		backend: using, gpu: g,
 	}
-	log.Debug().Int("world_size", env.worldSize).Msg("joined")
-	return newMember(j, worldID, everyRank(env.worldSize), comm, p2p), nil
+	log.Debug().Int("world_size", env.worldSize).Str("backend", using).Msg("joined")
+	return newMember(j, worldID, everyRank(env.worldSize), comm, p2p, nccl), nil
 }
 
 // connectWorld builds the world's communicators: one for collectives and
@@ -255,24 +289,20 @@ func (r *envReader) fail(err error) {
 	}
 }
 
-// A connector builds the backend's communicator of every rank, meeting
-// the other ranks through store.
+// A connector builds the host communicator of every rank, meeting the
+// other ranks through store.
 type connector func(ctx context.Context, store rendezvous.Store) (collective.Comm, error)
 
-func (c *config) chooseBackend(env launchEnv, log zerolog.Logger) (connector, error) {
+// hostBackend returns the connector of the TCP and shared-memory
+// backend, which every group has for host tensors, or a test's.
+func (c *config) hostBackend(env launchEnv, log zerolog.Logger) connector {
 	if c.connect != nil {
-		return c.connect, nil
+		return c.connect
 	}
-	switch c.backend {
-	case "auto", "tcp":
-		opts := collective.TCPOptions{Logger: log, Host: c.host, Eager: c.eager}
-		return func(ctx context.Context, store rendezvous.Store) (collective.Comm, error) {
-			return collective.NewTCP(ctx, store, env.rank, env.worldSize, opts)
-		}, nil
-	case "nccl":
-		return nil, errors.New(`runtime: backend "nccl" is not available yet: use "tcp"`)
+	opts := collective.TCPOptions{Logger: log, Host: c.host, Eager: c.eager}
+	return func(ctx context.Context, store rendezvous.Store) (collective.Comm, error) {
+		return collective.NewTCP(ctx, store, env.rank, env.worldSize, opts)
 	}
-	return nil, fmt.Errorf("runtime: unknown backend %q: want auto, tcp or nccl", c.backend)
 }
 
 // openStore returns the store the ranks meet through, adding what must be

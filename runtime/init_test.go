@@ -45,7 +45,7 @@ func TestInitEnvironmentErrors(t *testing.T) {
 		{with(map[string]string{"TORCHELASTIC_USE_AGENT_STORE": "True"}), nil,
 			"runtime: TORCHELASTIC_RESTART_COUNT is not set: run under gorun or torchrun, or it goes with TORCHELASTIC_USE_AGENT_STORE=True"},
 		{map[string]string{}, []Option{WithRank(0, 1)}, "runtime: MASTER_ADDR is not set: run under gorun or torchrun, or pass WithStore"},
-		{full, []Option{WithBackend("nccl")}, `runtime: backend "nccl" is not available yet: use "tcp"`},
+		{with(map[string]string{"GORUN_BACKEND": "gloo"}), nil, `runtime: unknown GORUN_BACKEND=gloo: want auto, tcp or nccl`},
 		{full, []Option{WithBackend("mpi")}, `runtime: unknown backend "mpi": want auto, tcp or nccl`},
 		{full, []Option{WithTimeout(-1)}, "runtime: timeout -1ns is not positive"},
 	} {

@@ -2,10 +2,12 @@ package runtime
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math"
 
 	"github.com/gorun/gorun/collective"
+	"github.com/gorun/gorun/cuda"
 )
 
 // AnySource lets Recv take a message from whichever rank sends first.
@@ -25,6 +27,13 @@ const AnySource = collective.AnySource
 // different tags or to different peers progress independently (a peer
 // may receive them in any order), and ISends of one tag to one peer
 // arrive in order.
+//
+// Device tensors travel on NCCL where the group has it, which queues each
+// message on the GPU when it is started, and matches the messages between
+// two ranks in the order they were queued: it has no tags, and a receive
+// must name its sender. A send waits on the GPU for its receive, so two
+// ranks that send to each other must receive in the same order they send
+// or use one BatchISendIRecv, as with torch's NCCL backend.
 func (pg *ProcessGroup) Send(ctx context.Context, t Tensor, dst, tag int) error {
 	return pg.send(ctx, t, dst, tag).Wait(ctx)
 }
@@ -49,29 +58,74 @@ func (pg *ProcessGroup) IRecv(t Tensor, src, tag int) *Work {
 }
 
 func (pg *ProcessGroup) send(ctx context.Context, t Tensor, dst, tag int) *Work {
-	w := newWork(ctx, "send", func(ctx context.Context) error {
-		return pg.p2p.Send(ctx, t.data, t.dtype, dst, tag)
-	})
-	return pg.startP2P(w, lane{send: true, peer: dst, tag: tag})
+	w := newWork(ctx, "send", nil)
+	return pg.startP2P(w, operands{reads: []*Tensor{&t}}, lane{send: true, peer: dst, tag: tag},
+		func(ctx context.Context) error { return pg.p2p.Send(ctx, t.data, t.dtype, dst, tag) },
+		func(ctx context.Context, c *cuda.Comm) ([]*cuda.Work, error) {
+			return one(c.Send(ctx, t.ptr(), t.Len(), t.dtype, dst))
+		})
 }
 
 func (pg *ProcessGroup) recv(ctx context.Context, t Tensor, src, tag int) *Work {
 	w := newWork(ctx, "recv", nil)
-	w.run = func(ctx context.Context) (err error) {
-		w.source, err = pg.p2p.Recv(ctx, t.data, t.dtype, src, tag)
-		return err
-	}
-	return pg.startP2P(w, lane{peer: src, tag: tag})
+	return pg.startP2P(w, operands{writes: []*Tensor{&t}}, lane{peer: src, tag: tag},
+		func(ctx context.Context) (err error) {
+			w.source, err = pg.p2p.Recv(ctx, t.data, t.dtype, src, tag)
+			return err
+		},
+		func(ctx context.Context, c *cuda.Comm) ([]*cuda.Work, error) {
+			w.source = src // a named rank: NCCL has no other kind
+			return one(c.Recv(ctx, t.ptr(), t.Len(), t.dtype, src))
+		})
 }
 
-// startP2P starts w on its lane, once the group and the lane's peer and
-// tag pass the checks.
-func (pg *ProcessGroup) startP2P(w *Work, l lane) *Work {
-	if err := pg.admit(func() error { return pg.checkP2P("", l) }); err != nil {
+// startP2P starts w, a message of args's tensor, once the group, the
+// lane's peer and tag and the tensor pass the checks; host and device are
+// its forms, as in tensorOp. On the host and staged over TCP, it runs on
+// lane l; on NCCL it is queued at once (see queueOnNCCL).
+func (pg *ProcessGroup) startP2P(w *Work, args operands, l lane, host func(context.Context) error, device deviceOp) *Work {
+	var nccl bool
+	err := pg.admit(func() (err error) {
+		if err = pg.checkP2P("", l); err != nil {
+			return err
+		}
+		if nccl, err = pg.onNCCL("", args, l); err != nil || nccl {
+			return err
+		}
+		w.run, err = route(args, nil, host, nil)
+		return err
+	})
+	if err != nil {
 		w.finish(err)
 		return w
 	}
+	if nccl {
+		return pg.queueOnNCCL(w, device)
+	}
 	return pg.lanes.start(l, w)
+}
+
+// onNCCL reports whether a message of args on lane l goes on NCCL,
+// refusing what NCCL cannot do; where names the message in a batch.
+func (pg *ProcessGroup) onNCCL(where string, args operands, l lane) (bool, error) {
+	onDevice, err := args.onDevice()
+	if err != nil || !onDevice || pg.nccl == nil {
+		return false, err
+	}
+	if !l.send && l.peer == AnySource {
+		return false, invalid("%sAnySource with a device tensor: NCCL receives from a named rank only", where)
+	}
+	return true, args.onGPUOf(pg.nccl.messages())
+}
+
+// queueOnNCCL queues w's device form on the group's NCCL communicator for
+// messages now, in the caller's goroutine: NCCL matches the messages
+// between two ranks in the order they are queued, which is then the order
+// of the calls, as in torch. w waits for the GPU to run them.
+func (pg *ProcessGroup) queueOnNCCL(w *Work, device deviceOp) *Work {
+	works, err := device(w.ctx, pg.nccl.messages())
+	w.run = func(ctx context.Context) error { return waitAll(ctx, works, err) }
+	return pg.lanes.now(w)
 }
 
 // checkP2P checks a message's peer and tag; where names the message in a
@@ -113,14 +167,28 @@ type P2POp struct {
 // BatchISendIRecv starts every operation of ops and returns their Works,
 // in the same order (torch's batch_isend_irecv). The operations are
 // checked first: when one is invalid, none starts and every Work reports
-// that error, so that no peer is left with half a batch.
+// that error, so that no peer is left with half a batch. The tensors must
+// all be on the host or all on GPUs; on NCCL, device tensors go as one
+// NCCL group, whose Works complete together, and need no particular order
+// between the ranks.
 func (pg *ProcessGroup) BatchISendIRecv(ops []P2POp) []*Work {
 	works := make([]*Work, len(ops))
-	if err := pg.admit(func() error { return pg.checkBatch(ops) }); err != nil {
+	var nccl bool
+	err := pg.admit(func() (err error) {
+		if err = pg.checkBatch(ops); err != nil {
+			return err
+		}
+		nccl, err = pg.batchOnNCCL(ops)
+		return err
+	})
+	if err != nil {
 		for i := range works {
 			works[i] = failedWork("batch_isend_irecv", err)
 		}
 		return works
+	}
+	if nccl {
+		return pg.ncclBatch(ops)
 	}
 	for i, op := range ops {
 		if op.Op == SendOp {
@@ -129,6 +197,64 @@ func (pg *ProcessGroup) BatchISendIRecv(ops []P2POp) []*Work {
 			works[i] = pg.IRecv(op.Tensor, op.Peer, op.Tag)
 		}
 	}
+	return works
+}
+
+// batchOnNCCL reports whether ops go on NCCL, refusing a mix of host and
+// device tensors and what NCCL cannot do.
+func (pg *ProcessGroup) batchOnNCCL(ops []P2POp) (bool, error) {
+	var all operands
+	for i := range ops {
+		if ops[i].Op == SendOp {
+			all.reads = append(all.reads, &ops[i].Tensor)
+		} else {
+			all.writes = append(all.writes, &ops[i].Tensor)
+		}
+	}
+	nccl, err := pg.onNCCL("", all, lane{send: true})
+	if !nccl || err != nil {
+		return false, err
+	}
+	for i, op := range ops {
+		if op.Op == RecvOp && op.Peer == AnySource {
+			return false, invalid("ops[%d] AnySource with a device tensor: NCCL receives from a named rank only", i)
+		}
+	}
+	return true, nil
+}
+
+// ncclBatch queues ops, device tensors, as one NCCL group on the group's
+// NCCL communicator for messages. Their Works finish when the group does.
+func (pg *ProcessGroup) ncclBatch(ops []P2POp) []*Work {
+	batch := pg.queueOnNCCL(newWork(context.Background(), "batch_isend_irecv", nil),
+		func(ctx context.Context, c *cuda.Comm) ([]*cuda.Work, error) {
+			msgs := make([]cuda.P2POp, len(ops))
+			for i, op := range ops {
+				if op.Op == SendOp {
+					msgs[i] = sendTo(op.Peer, op.Tensor)
+				} else {
+					msgs[i] = recvFrom(op.Peer, op.Tensor)
+				}
+			}
+			return p2pBatch(ctx, c, msgs)
+		})
+	works := make([]*Work, len(ops))
+	for i, op := range ops {
+		works[i] = newWork(context.Background(), []string{"send", "recv"}[op.Op], nil)
+	}
+	go func() {
+		<-batch.done
+		var cause error
+		if opErr := (*OpError)(nil); errors.As(batch.err, &opErr) {
+			cause = opErr.Err // each Work names its own operation
+		}
+		for i, w := range works {
+			if cause == nil && ops[i].Op == RecvOp {
+				w.source = ops[i].Peer
+			}
+			w.finish(cause)
+		}
+	}()
 	return works
 }
 

@@ -5,6 +5,7 @@ import (
 	"unsafe"
 
 	"github.com/gorun/gorun/collective"
+	"github.com/gorun/gorun/cuda"
 )
 
 // DType is the element type of a Tensor.
@@ -34,10 +35,20 @@ type Elem interface {
 // straight into the caller's slice, and writes to the slice are what the
 // next collective sends. Copying a Tensor copies the view, not the data.
 //
-// The zero Tensor is an empty int8 tensor.
+// A Tensor may instead view GPU memory (see DeviceTensor): every
+// collective and message takes device tensors as well, but its host
+// accessors (Bytes, Elems, HalfBits) panic on them; Copy moves data
+// between the host and a GPU.
+//
+// The zero Tensor is an empty int8 tensor on the host.
 type Tensor struct {
 	data  []byte
 	dtype DType
+
+	// A device tensor's memory is bytes [off, off+size) of buf; data is
+	// nil.
+	buf       *cuda.DeviceBuffer
+	off, size int
 }
 
 // Of wraps s.
@@ -86,22 +97,41 @@ func dtypeOf[T Elem]() DType {
 func (t Tensor) DType() DType { return t.dtype }
 
 // Len returns the number of elements.
-func (t Tensor) Len() int { return len(t.data) / t.dtype.Size() }
+func (t Tensor) Len() int { return t.byteLen() / t.dtype.Size() }
 
-// Bytes returns the tensor's memory, shared with the wrapped slice.
-func (t Tensor) Bytes() []byte { return t.data }
+// byteLen is the size of the tensor's memory, wherever it is.
+func (t Tensor) byteLen() int {
+	if t.buf != nil {
+		return t.size
+	}
+	return len(t.data)
+}
 
-// Slice returns the view of elements [from, to), sharing memory with t. It
-// panics when the bounds are out of range, as slicing does.
+// Bytes returns the tensor's memory, shared with the wrapped slice. It
+// panics for a device tensor, whose memory the host cannot address.
+func (t Tensor) Bytes() []byte {
+	t.mustBeOnHost("Bytes")
+	return t.data
+}
+
+// Slice returns the view of elements [from, to), sharing memory with t,
+// on the host or on t's GPU. It panics when the bounds are out of range,
+// as slicing does.
 func (t Tensor) Slice(from, to int) Tensor {
 	if from < 0 || to < from || to > t.Len() {
 		panic(fmt.Sprintf("runtime: tensor slice [%d:%d] out of range for length %d", from, to, t.Len()))
 	}
 	n := t.dtype.Size()
+	if t.buf != nil {
+		return Tensor{dtype: t.dtype, buf: t.buf, off: t.off + from*n, size: (to - from) * n}
+	}
 	return Tensor{data: t.data[from*n : to*n : to*n], dtype: t.dtype}
 }
 
 func (t Tensor) String() string {
+	if t.buf != nil {
+		return fmt.Sprintf("Tensor(%s, %d, cuda:%d)", t.dtype, t.Len(), t.buf.Device().Ordinal())
+	}
 	return fmt.Sprintf("Tensor(%s, %d)", t.dtype, t.Len())
 }
 
@@ -114,6 +144,7 @@ func Elems[T Elem](t Tensor) []T {
 // HalfBits returns the bit patterns of a Float16 or BFloat16 tensor. It
 // panics for any other DType.
 func (t Tensor) HalfBits() []uint16 {
+	t.mustBeOnHost("HalfBits")
 	if t.dtype != Float16 && t.dtype != BFloat16 {
 		panic(fmt.Sprintf("runtime: HalfBits of a %s tensor", t.dtype))
 	}
@@ -121,6 +152,7 @@ func (t Tensor) HalfBits() []uint16 {
 }
 
 func elems[T any](t Tensor, want DType) []T {
+	t.mustBeOnHost("Elems")
 	if t.dtype != want {
 		panic(fmt.Sprintf("runtime: %s elements of a %s tensor", want, t.dtype))
 	}

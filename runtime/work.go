@@ -247,5 +247,12 @@ func (l *lanes) start(k lane, w *Work) *Work {
 	return w
 }
 
+// now runs w on its own goroutine, in no lane: for an operation whose
+// order was settled when it was queued (NCCL's messages).
+func (l *lanes) now(w *Work) *Work {
+	l.wg.Go(func() { l.scope.execute(w) })
+	return w
+}
+
 // wait waits for every operation started, which Close has made fail.
 func (l *lanes) wait() { l.wg.Wait() }
