@@ -3,7 +3,9 @@ package cuda
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -90,15 +92,30 @@ type LoadError struct {
 func (e *LoadError) Error() string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "cuda: no usable %s (set %s to its path)", e.Library, e.EnvVar)
-	for i, a := range e.Tried {
-		if i == 0 {
-			b.WriteString("; tried ")
-		} else {
-			b.WriteString("; ")
+	// Files that do not exist are many and say nothing more: name them,
+	// by where they were looked for.
+	var places []string
+	absent := map[string][]string{}
+	for _, a := range e.Tried {
+		if a.Path == "" || !notFound(a.Err) {
+			b.WriteString("; " + a.String())
+			continue
 		}
-		b.WriteString(a.String())
+		if absent[a.From] == nil {
+			places = append(places, a.From)
+		}
+		absent[a.From] = append(absent[a.From], a.Path)
+	}
+	for _, from := range places {
+		fmt.Fprintf(&b, "; not found (%s): %s", from, strings.Join(absent[from], ", "))
 	}
 	return b.String()
+}
+
+// notFound reports whether err says the file does not exist, as dlopen
+// says it (in words) or the file system does.
+func notFound(err error) bool {
+	return errors.Is(err, fs.ErrNotExist) || strings.HasSuffix(err.Error(), "No such file or directory")
 }
 
 func (e *LoadError) Unwrap() []error {

@@ -234,7 +234,7 @@ func TestAutoFallsBackToTCPWithOneWarning(t *testing.T) {
 	}{
 		{"no NCCL", func(t *testing.T) map[string]string {
 			return map[string]string{"GORUN_CUDA_LIBRARY": fakes.CUDA(t), "GORUN_NCCL_LIBRARY": missing}
-		}, "cuda: no usable libnccl.so.2 (set GORUN_NCCL_LIBRARY to its path); tried " + missing + " (GORUN_NCCL_LIBRARY): "},
+		}, "cuda: no usable libnccl.so.2 (set GORUN_NCCL_LIBRARY to its path); not found (GORUN_NCCL_LIBRARY): " + missing},
 		{"old NCCL", func(t *testing.T) map[string]string {
 			return newFakeGPU(t, "-DFAKE_DEFAULT_VERSION=2603").env()
 		}, "(GORUN_NCCL_LIBRARY): NCCL 2.6.3 is too old: gorun needs 2.7.0 or newer (ncclSend/ncclRecv)"},
@@ -302,10 +302,10 @@ func TestNCCLWithoutTheLibrariesFailsInit(t *testing.T) {
 	}{
 		{"no driver", func(t *testing.T) map[string]string {
 			return map[string]string{"GORUN_CUDA_LIBRARY": filepath.Join(dir, "libcuda.so.1")}
-		}, "runtime: backend nccl on rank 0: cuda: no usable libcuda.so.1 (set GORUN_CUDA_LIBRARY to its path); tried " + filepath.Join(dir, "libcuda.so.1") + " (GORUN_CUDA_LIBRARY): "},
+		}, "runtime: backend nccl on rank 0: cuda: no usable libcuda.so.1 (set GORUN_CUDA_LIBRARY to its path); not found (GORUN_CUDA_LIBRARY): " + filepath.Join(dir, "libcuda.so.1")},
 		{"no NCCL", func(t *testing.T) map[string]string {
 			return map[string]string{"GORUN_CUDA_LIBRARY": fakes.CUDA(t), "GORUN_NCCL_LIBRARY": filepath.Join(dir, "libnccl.so.2")}
-		}, "runtime: backend nccl on rank 0: cuda: no usable libnccl.so.2 (set GORUN_NCCL_LIBRARY to its path); tried " + filepath.Join(dir, "libnccl.so.2") + " (GORUN_NCCL_LIBRARY): "},
+		}, "runtime: backend nccl on rank 0: cuda: no usable libnccl.so.2 (set GORUN_NCCL_LIBRARY to its path); not found (GORUN_NCCL_LIBRARY): " + filepath.Join(dir, "libnccl.so.2")},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			env := tc.env(t)
@@ -435,13 +435,17 @@ func TestTCPStagesDeviceTensors(t *testing.T) {
 	g := newFakeGPU(t)
 	t.Cleanup(func() { g.expectReleased(t) }) // once the GPUs are closed
 	const world = 4
-	devs := make([]*cuda.Device, world)
-	for r := range devs {
-		devs[r] = g.openDevice(t, 0)
-	}
 	mustInit(t, initGPURanks(t, world, func(int) map[string]string { return g.env() }, func(pg *ProcessGroup) error {
 		ctx, cancel := context.WithTimeout(t.Context(), 20*time.Second)
 		defer cancel()
-		return compareWithHost(ctx, pg, devs[pg.Rank()], append(deviceCases(), messageCases()...))
+		// The tcp backend opens the GPU when asked; Close closes it.
+		dev, err := pg.OpenDevice(ctx)
+		if err != nil {
+			return err
+		}
+		if again, _ := pg.OpenDevice(ctx); again != dev || pg.Device() != dev {
+			return fmt.Errorf("OpenDevice gave %v, then %v; Device gives %v", dev, again, pg.Device())
+		}
+		return compareWithHost(ctx, pg, dev, append(deviceCases(), messageCases()...))
 	}, WithBackend("tcp")))
 }

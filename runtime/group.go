@@ -72,6 +72,11 @@ type job struct {
 	progress                  *progress    // nil unless the launcher watches
 	backend                   string       // backendNCCL or backendTCP
 	gpu                       *gpu         // nil when Init opened none
+	// asked is the GPU OpenDevice opened when Init had not (tcp), found
+	// with gpuSearch; the world's Close closes it.
+	gpuSearch cuda.Search
+	askedMu   sync.Mutex
+	asked     *cuda.Device
 }
 
 // newMember returns the group of ranks whose communicators are comm and
@@ -147,10 +152,44 @@ func (pg *ProcessGroup) Backend() string { return pg.job.backend }
 // tensors must be on it. It is the job's: Close of the group Init
 // returned closes it.
 func (pg *ProcessGroup) Device() *cuda.Device {
-	if pg.job.gpu == nil {
-		return nil
+	if pg.job.gpu != nil {
+		return pg.job.gpu.dev
 	}
-	return pg.job.gpu.dev
+	pg.job.askedMu.Lock()
+	defer pg.job.askedMu.Unlock()
+	return pg.job.asked
+}
+
+// OpenDevice returns this process's GPU as Device does, opening it when
+// Init did not: the "tcp" backend leaves the GPU alone until a program
+// asks for it here, to stage device tensors through host memory. It is the
+// LOCAL_RANK-th GPU, modulo the GPUs the driver sees, and the job's: Close
+// of the group Init returned closes it.
+func (pg *ProcessGroup) OpenDevice(ctx context.Context) (*cuda.Device, error) {
+	if pg.job.gpu != nil {
+		return pg.job.gpu.dev, nil
+	}
+	j := pg.job
+	j.askedMu.Lock()
+	defer j.askedMu.Unlock()
+	if j.asked != nil {
+		return j.asked, nil
+	}
+	drv, err := cuda.LoadDriver(ctx, j.gpuSearch)
+	if err != nil {
+		return nil, fmt.Errorf("runtime: open a GPU: %w", err)
+	}
+	count, err := drv.DeviceCount()
+	if err == nil && count == 0 {
+		err = fmt.Errorf("the driver %s sees no GPU", drv.Path())
+	}
+	if err != nil {
+		return nil, fmt.Errorf("runtime: open a GPU: %w", err)
+	}
+	if j.asked, err = drv.OpenDevice(j.localRank % count); err != nil {
+		return nil, fmt.Errorf("runtime: open a GPU: %w", err)
+	}
+	return j.asked, nil
 }
 
 func (pg *ProcessGroup) String() string {
@@ -195,8 +234,15 @@ func (pg *ProcessGroup) shutdown() error {
 		// communicators go last, as the GPU must be done with them.
 		errs = append(errs, pg.nccl.close())
 	}
-	if pg.job.release != nil && pg.id == worldID {
-		errs = append(errs, pg.job.release())
+	if pg.id == worldID {
+		if pg.job.release != nil {
+			errs = append(errs, pg.job.release())
+		}
+		pg.job.askedMu.Lock()
+		if pg.job.asked != nil {
+			errs = append(errs, pg.job.asked.Close())
+		}
+		pg.job.askedMu.Unlock()
 	}
 	return errors.Join(errs...)
 }

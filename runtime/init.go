@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/gorun/gorun/collective"
+	"github.com/gorun/gorun/cuda"
 	"github.com/gorun/gorun/rendezvous"
 	"github.com/rs/zerolog"
 )
@@ -172,7 +173,7 @@ func Init(ctx context.Context, opts ...Option) (*ProcessGroup, error) {
 	j := &job{
 		localRank: env.localRank, localWorldSize: env.localWorldSize,
 		timeout: cfg.timeout, log: log, release: release.run, progress: progress,
-		backend: using, gpu: g,
+		backend: using, gpu: g, gpuSearch: cuda.Search{LookupEnv: cfg.lookupEnv},
 	}
 	log.Debug().Int("world_size", env.worldSize).Str("backend", using).Msg("joined")
 	return newMember(j, worldID, everyRank(env.worldSize), comm, p2p, nccl), nil

@@ -215,6 +215,7 @@ func TestMalformedFlagsAreRejected(t *testing.T) {
 		{[]string{"--shutdown-timeout", "-1"}, "--shutdown-timeout"},
 		{[]string{"--rdzv-backend", "etcd"}, "--rdzv-backend"},
 		{[]string{"--log-format", "xml"}, "--log-format"},
+		{[]string{"--backend", "gloo"}, `--backend "gloo"`},
 		{[]string{"--no-such-flag"}, "no-such-flag"},
 		{[]string{"--module", "--no-python"}, "--module and --no-python"},
 	} {

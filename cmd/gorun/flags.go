@@ -55,6 +55,7 @@ func flags() []cli.Flag {
 		stringFlag("rdzv-id", "none", "job id shared by all nodes (TORCHELASTIC_RUN_ID)"),
 		stringFlag("rdzv-conf", "", "rendezvous settings k1=v1,...: join_timeout, last_call_timeout, close_timeout, heartbeat_interval, heartbeat_misses, failure_grace, is_host, read_timeout, exit_barrier_timeout, timeout (seconds)"),
 		boolFlag("standalone", "single-node job: store on an ephemeral loopback port, random run id"),
+		stringFlag("backend", "", "what carries Go workers' GPU tensors: auto (NCCL when every rank has a GPU of its own, else TCP), nccl or tcp; sets GORUN_BACKEND"),
 		boolFlag("slurm-direct", "inside an srun step, run every Slurm task as one worker placed by Slurm (RANK=$SLURM_PROCID, LOCAL_RANK=$SLURM_LOCALID)"),
 		stringFlag("max-restarts", "0", "restarts of the worker group allowed after a failure"),
 		stringFlag("monitor-interval", "0.1", "seconds between health checks of the workers"),
@@ -255,6 +256,13 @@ func specFromFlags(c *cli.Context, stderr io.Writer) (elastic.Spec, zerolog.Logg
 		s.PTY = mode == "always"
 	default:
 		fail(fmt.Errorf("--pty %q: want auto, always or never", mode))
+	}
+	switch backend := c.String("backend"); backend {
+	case "":
+	case "auto", "nccl", "tcp":
+		s.Env = append(s.Env, "GORUN_BACKEND="+backend)
+	default:
+		fail(fmt.Errorf("--backend %q: want auto, nccl or tcp", backend))
 	}
 	s.LogDir = c.String("log-dir")
 	if v := strings.TrimSpace(c.String("hang-timeout")); v != "" {

@@ -32,6 +32,19 @@ func TestCollectivesAcrossProcesses(t *testing.T) {
 	}
 }
 
+// --backend reaches Go workers: tcp always runs; nccl, which cannot run two
+// ranks here (no GPU, or one shared), fails Init saying why, on every rank.
+func TestBackendFlag(t *testing.T) {
+	j := gorun(t, nil, "--backend", "tcp", "--nproc-per-node", "2", bin("allreduce-perf"), "-b", "8", "-e", "8")
+	if j.code != 0 || !strings.Contains(j.stdout, "backend tcp") {
+		t.Fatalf("--backend tcp:\n%s", j)
+	}
+	j = gorun(t, nil, "--backend", "nccl", "--nproc-per-node", "2", bin("allreduce-perf"), "-b", "8", "-e", "8")
+	if j.code != 1 || strings.Count(j.stderr, "runtime: backend nccl on rank") < 2 {
+		t.Fatalf("--backend nccl: want every rank to fail Init naming the backend:\n%s", j)
+	}
+}
+
 // The data-parallel example converges and keeps parameters identical.
 func TestDDPExample(t *testing.T) {
 	j := gorun(t, nil, "--nproc-per-node", "3", bin("ddp"), "-steps", "60", "-log-every", "20")

@@ -44,8 +44,37 @@ type collective struct {
 	input, want func(r, n, i, count int) float64
 }
 
-// buffers are one rank's input and output.
+// buffers are one rank's input and output, in host or device memory.
 type buffers struct{ in, out dist.Tensor }
+
+// newBuffers allocates in and out elements of dt, on this rank's GPU when
+// onDevice.
+func newBuffers(pg *dist.ProcessGroup, onDevice bool, dt dist.DType, in, out int) (buffers, error) {
+	if !onDevice {
+		return buffers{in: newTensor(dt, in), out: newTensor(dt, out)}, nil
+	}
+	dev, err := pg.OpenDevice(context.Background())
+	if err != nil {
+		return buffers{}, err
+	}
+	var b buffers
+	if b.in, err = dist.NewDeviceTensor(dev, dt, in); err == nil && out > 0 {
+		b.out, err = dist.NewDeviceTensor(dev, dt, out)
+	}
+	if err != nil {
+		b.free()
+	}
+	return b, err
+}
+
+// free releases device memory; host buffers are the garbage collector's.
+func (b buffers) free() {
+	for _, t := range []dist.Tensor{b.in, b.out} {
+		if t.OnDevice() {
+			t.DeviceBuffer().Free()
+		}
+	}
+}
 
 // pattern keeps every value a small integer, exact in every dtype after a
 // sum over up to 8 ranks, so a check can compare for equality.
@@ -152,7 +181,12 @@ func run() error {
 	iters := counts{20}
 	flag.Var(&iters, "n", "timed iterations: one count, or one per size of -sizes (default 20)")
 	check := flag.Int("c", 1, "check results (1) or not (0)")
+	backend := flag.String("backend", "", "runtime backend: auto, nccl or tcp (default $GORUN_BACKEND, else auto)")
+	device := flag.String("device", "host", "where the buffers live: host, or cuda (this rank's GPU)")
 	flag.Parse()
+	if *device != "host" && *device != "cuda" {
+		return fmt.Errorf("-device %q: want host or cuda", *device)
+	}
 
 	op, ok := collectives[*opName]
 	if !ok {
@@ -180,15 +214,19 @@ func run() error {
 	}
 
 	ctx := context.Background()
-	pg, err := dist.Init(ctx)
+	var opts []dist.Option
+	if *backend != "" {
+		opts = append(opts, dist.WithBackend(*backend))
+	}
+	pg, err := dist.Init(ctx, opts...)
 	if err != nil {
 		return err
 	}
 	defer pg.Close()
 	r, n := pg.Rank(), pg.Size()
 	if r == 0 {
-		fmt.Printf("# gorun %s: world %d, minBytes %d maxBytes %d step: %s warmup iters: %s iters: %s validation: %d\n",
-			*opName, n, plan.min, plan.max, plan.step, warmup.String(), iters.String(), *check)
+		fmt.Printf("# gorun %s: world %d, backend %s, %s buffers, minBytes %d maxBytes %d step: %s warmup iters: %s iters: %s validation: %d\n",
+			*opName, n, pg.Backend(), *device, plan.min, plan.max, plan.step, warmup.String(), iters.String(), *check)
 		fmt.Println("#")
 		fmt.Printf("# %10s  %12s  %8s  %6s  %6s  %8s  %6s  %6s  %6s\n", "size", "count", "type", "redop", "root", "time", "algbw", "busbw", "#wrong")
 		fmt.Printf("# %10s  %12s  %8s  %6s  %6s  %8s  %6s  %6s  %6s\n", "(B)", "(elements)", "", "", "", "(us)", "(GB/s)", "(GB/s)", "")
@@ -202,7 +240,10 @@ func run() error {
 		if op.perRank {
 			count = max(count-count%n, n)
 		}
-		b := buffers{in: newTensor(dt, op.inCount(count, n)), out: newTensor(dt, op.outCount(count, n))}
+		b, err := newBuffers(pg, *device == "cuda", dt, op.inCount(count, n), op.outCount(count, n))
+		if err != nil {
+			return err
+		}
 		for i := 0; i < warmup.at(si); i++ {
 			if err := op.run(ctx, pg, &b); err != nil {
 				return err
@@ -226,9 +267,11 @@ func run() error {
 
 		wrong := 0
 		if *check != 0 {
-			if wrong, err = verify(ctx, pg, op, &b, count); err != nil {
-				return err
-			}
+			wrong, err = verify(ctx, pg, op, &b, count)
+		}
+		b.free()
+		if err != nil {
+			return err
 		}
 		bytes := float64(count * dt.Size())
 		algbw := bytes / slowest[0] / 1e9
@@ -258,18 +301,27 @@ func run() error {
 }
 
 // verify runs op once on freshly initialised buffers and counts, over all
-// ranks, the output elements that differ from the expected values.
+// ranks, the output elements that differ from the expected values. Device
+// buffers are filled from, and read back into, host copies.
 func verify(ctx context.Context, pg *dist.ProcessGroup, op collective, b *buffers, count int) (int, error) {
 	r, n := pg.Rank(), pg.Size()
-	for i := 0; i < b.in.Len(); i++ {
-		set(b.in, i, op.input(r, n, i, count))
+	in := newTensor(b.in.DType(), b.in.Len())
+	for i := 0; i < in.Len(); i++ {
+		set(in, i, op.input(r, n, i, count))
+	}
+	if err := dist.Copy(b.in, in); err != nil {
+		return 0, err
 	}
 	if err := op.run(ctx, pg, b); err != nil {
 		return 0, err
 	}
-	result := b.out
-	if result.Len() == 0 {
-		result = b.in
+	out := b.out
+	if out.Len() == 0 {
+		out = b.in
+	}
+	result := newTensor(out.DType(), out.Len())
+	if err := dist.Copy(result, out); err != nil {
+		return 0, err
 	}
 	var wrong int64
 	for i := 0; i < result.Len(); i++ {

@@ -8,8 +8,8 @@
 //	gorun --nproc-per-node 4 bin/gpucheck -backend tcp -want tcp
 //
 // With NCCL the device tensors are on the GPU Init opened; on the TCP
-// backend gpucheck opens the GPU numbered LOCAL_RANK, modulo the GPUs it
-// sees, itself, so several ranks may share one.
+// backend on the one ProcessGroup.OpenDevice opens, the LOCAL_RANK-th
+// modulo the GPUs there are, so several ranks may share one.
 package main
 
 import (
@@ -72,14 +72,9 @@ func checkAll(ctx context.Context, pg *dist.ProcessGroup, want string, n int, st
 	if want != "" && pg.Backend() != want {
 		return fmt.Errorf("the backend for device tensors is %s, want %s", pg.Backend(), want)
 	}
-	dev := pg.Device()
-	if dev == nil { // the TCP backend: bring our own GPU
-		own, err := openGPU(ctx, pg.LocalRank())
-		if err != nil {
-			return err
-		}
-		defer own.Close()
-		dev = own
+	dev, err := pg.OpenDevice(ctx) // the TCP backend opens it when asked
+	if err != nil {
+		return err
 	}
 	say := func(format string, args ...any) {
 		if pg.Rank() == 0 {
@@ -117,22 +112,6 @@ func checkAll(ctx context.Context, pg *dist.ProcessGroup, want string, n int, st
 		return fmt.Errorf("%d of %d checks failed", failed, len(checks))
 	}
 	return nil
-}
-
-// openGPU opens the GPU numbered localRank, modulo the GPUs there are.
-func openGPU(ctx context.Context, localRank int) (*cuda.Device, error) {
-	drv, err := cuda.LoadDriver(ctx, cuda.Search{})
-	if err != nil {
-		return nil, err
-	}
-	count, err := drv.DeviceCount()
-	if err != nil {
-		return nil, err
-	}
-	if count == 0 {
-		return nil, errors.New("the CUDA driver sees no GPU")
-	}
-	return drv.OpenDevice(localRank % count)
 }
 
 // A check is one operation, run on host tensors and on device copies of
