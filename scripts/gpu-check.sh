@@ -110,7 +110,7 @@ step 2-auto-shared-gpu-falls-back ok "share one GPU of this host" 4 -- \
 	env CUDA_VISIBLE_DEVICES=0 "$BIN/gorun" --nproc-per-node 4 "$BIN/gpucheck" -want tcp -n 4096
 step 2-nccl-shared-gpu-fails fail "runtime: backend nccl on rank [0-9]*: ranks \[0 1 2 3\] share one GPU" "" -- \
 	env CUDA_VISIBLE_DEVICES=0 "$BIN/gorun" --nproc-per-node 4 "$BIN/gpucheck" -backend nccl
-step 2-auto-without-nccl-falls-back ok "NCCL is unavailable: using the TCP backend.*tried /nonexistent/libnccl.so.2" 1 -- \
+step 2-auto-without-nccl-falls-back ok "NCCL is unavailable: using the TCP backend.*not found (GORUN_NCCL_LIBRARY): /nonexistent/libnccl.so.2" 1 -- \
 	env GORUN_NCCL_LIBRARY=/nonexistent/libnccl.so.2 "$BIN/gorun" --nproc-per-node 1 "$BIN/gpucheck" -want tcp -n 4096
 step 2-nccl-without-nccl-fails fail "no usable libnccl.so.2 (set GORUN_NCCL_LIBRARY to its path); not found (GORUN_NCCL_LIBRARY): /nonexistent/libnccl.so.2" "" -- \
 	env GORUN_NCCL_LIBRARY=/nonexistent/libnccl.so.2 "$BIN/gorun" --nproc-per-node 1 "$BIN/gpucheck" -backend nccl
