@@ -196,20 +196,9 @@ type NCCL struct {
 func LoadNCCL(ctx context.Context, s Search) (*NCCL, error) {
 	n := &NCCL{}
 	lib, path, err := s.load(ctx, ncclLibrary, func(h uintptr) error {
-		api := ncclAPI{}
-		if missing := bind(h, []symbol{{name: "ncclGetVersion", fn: &api.ncclGetVersion}}); len(missing) > 0 {
-			return &SymbolsError{Missing: missing, Need: "a library that is NCCL"}
-		}
-		var code int32
-		if res := api.ncclGetVersion(&code); res != ncclSuccess {
-			return fmt.Errorf("ncclGetVersion failed: %s", res.name())
-		}
-		version := ncclVersionOf(int(code))
-		if version.Less(minNCCL) {
-			return &VersionError{Library: "NCCL", Found: version, Min: minNCCL, Why: "ncclSend/ncclRecv"}
-		}
-		if missing := bind(h, api.symbols()); len(missing) > 0 {
-			return &SymbolsError{Missing: missing, Need: "NCCL " + minNCCL.String() + " or newer"}
+		api, version, err := checkNCCL(h)
+		if err != nil {
+			return err
 		}
 		n.api, n.version = api, version
 		return nil

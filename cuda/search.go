@@ -22,41 +22,54 @@ import (
 //  2. the library's soname (libcuda.so.1, libnccl.so.2) on the dynamic
 //     loader's search path: LD_LIBRARY_PATH, the ldconfig cache, ...;
 //  3. the folders NVIDIA's Python wheels install it into, under every
-//     site-packages folder of the python3 on PATH (nvidia/nccl/lib for
-//     nvidia-nccl-cu12/cu13).
+//     site-packages folder of Python (the python3 on PATH unless Python
+//     names another; nvidia/nccl/lib for nvidia-nccl-cu12/cu13).
 //
 // The first file that loads and passes the library's checks (symbols,
 // version) wins; when none does, the error lists every attempt.
+// Candidates lists every file the search may meet and Probe says whether
+// it would take one, for reports such as gorun doctor's.
 type Search struct {
 	// LookupEnv reads the environment; nil means os.LookupEnv.
 	LookupEnv func(key string) (string, bool)
-	// SitePackages lists Python's site-packages folders; nil asks the
-	// python3 on PATH, allowing it pythonTimeout.
+	// SitePackages lists Python's site-packages folders; nil asks Python,
+	// allowing it pythonTimeout.
 	SitePackages func(ctx context.Context) ([]string, error)
+	// Python is the interpreter asked for its site-packages when
+	// SitePackages is nil: a command on PATH or a file; empty means python3.
+	Python string
 
 	// dlopen loads a library (tests stand in for the dynamic loader).
 	dlopen func(name string) (uintptr, error)
+	// loaderCache maps each soname in the dynamic loader's cache to its
+	// files; nil runs ldconfig -p (tests stand in for the cache).
+	loaderCache func(ctx context.Context) (map[string][]string, error)
 }
 
-// library describes one of the libraries we load.
-type library struct {
+// librarySpec describes one of the libraries we load.
+type librarySpec struct {
 	soname    string   // what the dynamic loader is asked for
 	envVar    string   // names a file that overrides the search
 	wheelDirs []string // where NVIDIA's wheels put it, under site-packages
+	// probe reads the version of the library loaded as h and says whether
+	// the search would take it.
+	probe func(h uintptr) (Version, error)
 }
 
 var (
-	cudaLibrary = library{
-		soname: "libcuda.so.1",
+	cudaLibrary = librarySpec{
+		soname: string(DriverLibrary),
 		envVar: "GORUN_CUDA_LIBRARY",
 		// The driver library normally comes with the kernel driver, not a
 		// wheel; these are where the CUDA wheels put their libraries.
 		wheelDirs: []string{"nvidia/cu13/lib", "nvidia/cuda_runtime/lib"},
+		probe:     probeDriver,
 	}
-	ncclLibrary = library{
-		soname:    "libnccl.so.2",
+	ncclLibrary = librarySpec{
+		soname:    string(NCCLLibrary),
 		envVar:    "GORUN_NCCL_LIBRARY",
 		wheelDirs: []string{"nvidia/nccl/lib"},
+		probe:     probeNCCL,
 	}
 )
 
@@ -139,15 +152,8 @@ func (e *SymbolsError) Error() string {
 // load opens the first candidate for lib that check accepts, and returns
 // its handle and path. check gets the open handle and must leave it open
 // only when it returns nil.
-func (s Search) load(ctx context.Context, lib library, check func(h uintptr) error) (uintptr, string, error) {
-	lookupEnv := s.LookupEnv
-	if lookupEnv == nil {
-		lookupEnv = os.LookupEnv
-	}
-	open := s.dlopen
-	if open == nil {
-		open = dlopen
-	}
+func (s Search) load(ctx context.Context, lib librarySpec, check func(h uintptr) error) (uintptr, string, error) {
+	lookupEnv, open := s.lookupEnv(), s.open()
 	fail := &LoadError{Library: lib.soname, EnvVar: lib.envVar}
 	try := func(path, from string) (uintptr, bool) {
 		h, err := open(path)
@@ -172,11 +178,7 @@ func (s Search) load(ctx context.Context, lib library, check func(h uintptr) err
 	if h, ok := try(lib.soname, fromLoader); ok {
 		return h, lib.soname, nil
 	}
-	sitePackages := s.SitePackages
-	if sitePackages == nil {
-		sitePackages = pythonSitePackages
-	}
-	dirs, err := sitePackages(ctx)
+	dirs, err := s.sitePackages(ctx)
 	if err != nil {
 		fail.Tried = append(fail.Tried, Attempt{From: fromSitePackages, Err: err})
 	}
@@ -189,6 +191,32 @@ func (s Search) load(ctx context.Context, lib library, check func(h uintptr) err
 		}
 	}
 	return 0, "", fail
+}
+
+func (s Search) lookupEnv() func(string) (string, bool) {
+	if s.LookupEnv == nil {
+		return os.LookupEnv
+	}
+	return s.LookupEnv
+}
+
+func (s Search) open() func(string) (uintptr, error) {
+	if s.dlopen == nil {
+		return dlopen
+	}
+	return s.dlopen
+}
+
+// sitePackages lists the folders under which the wheels' folders are
+// searched.
+func (s Search) sitePackages(ctx context.Context) ([]string, error) {
+	switch {
+	case s.SitePackages != nil:
+		return s.SitePackages(ctx)
+	case s.Python != "":
+		return sitePackagesOf(ctx, s.Python)
+	}
+	return pythonSitePackages(ctx)
 }
 
 // pythonTimeout bounds the python3 that lists site-packages: it starts in

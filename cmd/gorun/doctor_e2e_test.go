@@ -129,7 +129,7 @@ func TestDoctorNamesTheLibrariesItTried(t *testing.T) {
 	compileLibrary(t, wheel, "int ncclGetVersion(int *v) { *v = 23004; return 0; }")
 	python := script(t, dir, "python", "echo "+site+"\n")
 	j = gorun(t, nil, "doctor", "--python", python)
-	line := regexp.MustCompile(`(?m)^  python +` + regexp.QuoteMeta(wheel) + ` +NCCL 2\.30\.4$`)
+	line := regexp.MustCompile(`(?m)^  python3 site-packages +` + regexp.QuoteMeta(wheel) + ` +NCCL 2\.30\.4$`)
 	if j.code != 0 || !line.MatchString(j.stdout) {
 		t.Errorf("want the wheel's NCCL 2.30.4 at %s:\n%s", wheel, j)
 	}

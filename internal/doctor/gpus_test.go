@@ -1,4 +1,4 @@
-package main
+package doctor
 
 import (
 	"errors"
@@ -11,7 +11,7 @@ import (
 )
 
 // twoGPUs is an NVML with two GPUs joined by four NVLinks, for the GPU
-// section this host (no driver) cannot show end to end.
+// section a host without a driver cannot show end to end.
 type twoGPUs struct{}
 
 func (twoGPUs) Init() (nvml.Session, error)       { return twoGPUs{}, nil }
@@ -41,47 +41,59 @@ func (g fakeGPU) NVLinkRemoteBusID(int) (string, error) {
 	return fmt.Sprintf("00000000:%d8:00.0", 1-g), nil
 }
 
-func TestDoctorGPUSection(t *testing.T) {
-	env := func(vars ...string) func(string) (string, bool) {
-		return func(k string) (string, bool) {
-			for i := 0; i+1 < len(vars); i += 2 {
-				if vars[i] == k {
-					return vars[i+1], true
-				}
+// noDriver is an NVML that cannot be loaded.
+type noDriver struct{}
+
+func (noDriver) Init() (nvml.Session, error) { return nil, nvml.ErrLibraryNotFound }
+
+// env is a lookupEnv over the pairs key, value, ...
+func env(pairs ...string) func(string) (string, bool) {
+	return func(k string) (string, bool) {
+		for i := 0; i+1 < len(pairs); i += 2 {
+			if pairs[i] == k {
+				return pairs[i+1], true
 			}
-			return "", false
+		}
+		return "", false
+	}
+}
+
+// wantLines fails t for each of want that got lacks.
+func wantLines(t *testing.T, got string, want ...string) {
+	t.Helper()
+	for _, w := range want {
+		if !strings.Contains(got, w) {
+			t.Errorf("want %q in:\n%s", w, got)
 		}
 	}
+}
+
+func TestGPUSection(t *testing.T) {
 	var b strings.Builder
-	doctorGPUs(&report{w: &b}, twoGPUs{}, env())
-	for _, want := range []string{
+	writeGPUs(&report{w: &b}, twoGPUs{}, env())
+	wantLines(t, b.String(),
 		"driver 550.54.15, CUDA driver API 12.4\n",
 		"GPU0  NVIDIA H100 80GB HBM3  81559 MiB  GPU-0000  bus 00000000:08:00.0\n",
 		"GPU1  NVIDIA H100 80GB HBM3  81559 MiB  GPU-1000  bus 00000000:18:00.0\n",
 		"--nproc-per-node gpu and auto give 2\n",
 		"GPU0  X     NV4\n",
-	} {
-		if !strings.Contains(b.String(), want) {
-			t.Errorf("want %q in:\n%s", want, b.String())
-		}
-	}
+	)
 
 	b.Reset()
-	doctorGPUs(&report{w: &b}, twoGPUs{}, env("CUDA_VISIBLE_DEVICES", "GPU-1"))
-	for _, want := range []string{`CUDA_VISIBLE_DEVICES="GPU-1": cuda:0 = GPU1` + "\n", "--nproc-per-node gpu and auto give 1\n"} {
-		if !strings.Contains(b.String(), want) {
-			t.Errorf("want %q in:\n%s", want, b.String())
-		}
-	}
+	writeGPUs(&report{w: &b}, twoGPUs{}, env("CUDA_VISIBLE_DEVICES", "GPU-1"))
+	wantLines(t, b.String(), `CUDA_VISIBLE_DEVICES="GPU-1": cuda:0 = GPU1`+"\n", "--nproc-per-node gpu and auto give 1\n")
 
 	b.Reset()
-	doctorGPUs(&report{w: &b}, twoGPUs{}, env("CUDA_VISIBLE_DEVICES", "-1"))
-	for _, want := range []string{
+	writeGPUs(&report{w: &b}, twoGPUs{}, env("CUDA_VISIBLE_DEVICES", "-1"))
+	wantLines(t, b.String(),
 		`CUDA_VISIBLE_DEVICES="-1" hides all 2 GPUs`,
 		fmt.Sprintf("--nproc-per-node gpu fails here; auto gives %d (the CPUs)\n", goruntime.NumCPU()),
-	} {
-		if !strings.Contains(b.String(), want) {
-			t.Errorf("want %q in:\n%s", want, b.String())
-		}
-	}
+	)
+
+	b.Reset()
+	writeGPUs(&report{w: &b}, noDriver{}, env())
+	wantLines(t, b.String(),
+		"no GPU listed: "+nvml.ErrLibraryNotFound.Error()+"\n",
+		fmt.Sprintf("--nproc-per-node gpu fails here; auto gives %d (the CPUs)\n", goruntime.NumCPU()),
+	)
 }
