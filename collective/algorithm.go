@@ -81,10 +81,13 @@ const (
 	// copy up to this size, the ring above.
 	reduceScatterDoublingMax = 16 << 10
 
-	// allReduceShmFlatMax: in shared memory, every rank reduces the whole
-	// buffer up to this size (one synchronisation), each its 1/n above
-	// it (two, but n times less reducing).
-	allReduceShmFlatMax = 16 << 10
+	// allReduceShmFlatWork: in shared memory, every rank reduces the whole
+	// buffer (one synchronisation) while the buffer times the ranks stays
+	// under this, each its 1/n above it (two synchronisations, n times
+	// less reducing). Measured on 2 cores through allreduce-perf: flat
+	// wins up to 64 KiB on 2 ranks (13.5 vs 18 us), up to 16 KiB on 4
+	// (17 vs 25 us) but loses at 64 KiB there (38 vs 32 us).
+	allReduceShmFlatWork = 128 << 10
 
 	// defaultSegment is the payload of one frame in pipelined algorithms:
 	// large enough to amortise a frame's cost (wake-ups, syscalls; 1 MiB
@@ -103,7 +106,7 @@ func (c *comm) allReduceAlgorithm(n int) algorithm {
 		}
 	}
 	switch {
-	case c.shared() && n <= allReduceShmFlatMax:
+	case c.shared() && n*c.size() <= allReduceShmFlatWork:
 		return algoShmFlat
 	case c.shared():
 		return algoShm
@@ -121,6 +124,9 @@ func (c *comm) broadcastAlgorithm(n int) algorithm {
 	case algoTree, algoChain:
 		return c.cfg.algo
 	}
+	if c.shared() {
+		return algoShm
+	}
 	if n <= broadcastTreeMax {
 		return algoTree
 	}
@@ -131,6 +137,9 @@ func (c *comm) reduceAlgorithm(n int) algorithm {
 	switch c.cfg.algo {
 	case algoTree, algoRing:
 		return c.cfg.algo
+	}
+	if c.shared() {
+		return algoShm
 	}
 	if n <= reduceTreeMax {
 		return algoTree
@@ -143,10 +152,23 @@ func (c *comm) reduceScatterAlgorithm(n int) algorithm {
 	case algoRing, algoRD:
 		return c.cfg.algo
 	}
+	if c.shared() {
+		return algoShm
+	}
 	if n <= reduceScatterDoublingMax {
 		return algoRD
 	}
 	return algoRing
+}
+
+// movementAlgorithm is the algorithm of a collective that has one over
+// sockets, sockets, and one in shared memory: sockets when GORUN_ALGO
+// names it or there is no shared memory.
+func (c *comm) movementAlgorithm(sockets algorithm) algorithm {
+	if c.cfg.algo != sockets && c.shared() {
+		return algoShm
+	}
+	return sockets
 }
 
 func isPowerOfTwo(n int) bool { return n > 0 && n&(n-1) == 0 }
@@ -159,30 +181,32 @@ type span struct{ off, len int }
 
 func (s span) of(b []byte) []byte { return b[s.off : s.off+s.len] }
 
-// evenSpans cuts count elements of size bytes into parts near-equal
-// ranges, the first count%parts one element longer.
-func evenSpans(count, size, parts int) []span {
-	spans := make([]span, parts)
-	q, r := count/parts, count%parts
-	off := 0
+// The span lists below fill a slice the caller owns (an op's scratch, see
+// op.spans), so that steady-state calls allocate nothing.
+
+// fillEvenSpans cuts count elements of size bytes into len(spans)
+// near-equal ranges, the first count%len(spans) one element longer.
+func fillEvenSpans(spans []span, count, size int) []span {
 	for i := range spans {
-		n := q
-		if i < r {
-			n++
-		}
-		spans[i] = span{off * size, n * size}
-		off += n
+		spans[i] = evenSpan(count, size, len(spans), i)
 	}
 	return spans
 }
 
-// countSpans turns per-rank element counts into byte ranges.
-func countSpans(counts []int, size int) []span {
-	spans := make([]span, len(counts))
+// fillCountSpans turns per-rank element counts into byte ranges.
+func fillCountSpans(spans []span, counts []int, size int) []span {
 	off := 0
 	for i, n := range counts {
 		spans[i] = span{off, n * size}
 		off += n * size
+	}
+	return spans
+}
+
+// fillEqualSpans cuts len(spans) ranks' worth of size bytes each.
+func fillEqualSpans(spans []span, size int) []span {
+	for i := range spans {
+		spans[i] = span{i * size, size}
 	}
 	return spans
 }

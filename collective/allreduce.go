@@ -7,7 +7,7 @@ import (
 
 // AllReduce reduces buf across the ranks in place. Ranks that share a
 // host and its memory reduce each other's data in shared memory
-// (allreduce_shm.go). Over sockets, small buffers go by recursive
+// (allreduce_shm.go), as do all the collectives of such a world. Over sockets, small buffers go by recursive
 // doubling, medium ones by recursive halving-doubling, large ones by a
 // pipelined ring (see algorithm.go for the thresholds). Each element's
 // result is computed by one rank and copied to the others, or by two
@@ -31,7 +31,7 @@ func (c *comm) AllReduce(ctx context.Context, buf []byte, dt DType, op Op) error
 	case algoRHD:
 		err = o.allReduceHalving(buf)
 	case algoShm:
-		err = o.allReduceShared(buf)
+		err = o.reduceShared(buf, -1)
 	case algoShmFlat:
 		err = o.allReduceSharedFlat(buf)
 	default:
@@ -144,7 +144,7 @@ func (o *op) allReduceHalving(buf []byte) error {
 		return err
 	}
 	me, es := o.c.rank, o.hdr.dtype.Size()
-	blocks := evenSpans(len(buf)/es, es, p2)
+	blocks := fillEvenSpans(o.spans(0, p2), len(buf)/es, es)
 	blockRange := func(lo, hi int) span {
 		return span{blocks[lo].off, blocks[hi-1].off + blocks[hi-1].len - blocks[lo].off}
 	}
@@ -201,7 +201,7 @@ func (o *op) allReduceRing(buf []byte) error {
 		return nil
 	}
 	es := o.hdr.dtype.Size()
-	chunks := evenSpans(len(buf)/es, es, n)
+	chunks := fillEvenSpans(o.spans(0, n), len(buf)/es, es)
 	if err := o.ringReduceScatter(buf, chunks); err != nil {
 		return err
 	}

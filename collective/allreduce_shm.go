@@ -1,130 +1,162 @@
 package collective
 
-// All-reduce through shared memory (shm.go), block by block. Block stamps
-// count blocks across the world's calls; block g uses slot g%2 of every
-// rank, which is free again once every peer has consumed block g-2.
+// The reductions through shared memory (shm.go, shmops.go).
 //
-// shm: each rank copies its block into its slot, reduces its 1/n chunk of
-// the block reading every rank's slot, publishes the result in its own
-// slot, and copies the other chunks' results out of the peers' slots:
-// per rank, the block is copied in, reduced and copied out once.
+// shm (all_reduce, reduce): each rank cuts a block of its buffer into n
+// chunks and copies into its slot the chunks the peers reduce; it reduces
+// its own chunk, reading the peers' copies from their slots and its own
+// from its buffer, into its slot; the ranks that want the result copy
+// every reduced chunk out. Per rank, (n-1)/n of the block is copied in,
+// 1/n reduced, and the block copied out once.
 //
-// shm-flat: each rank copies its block into its slot and reduces the
-// whole block reading every slot; one synchronisation instead of two,
-// for small buffers whose cost is the synchronisation.
+// shm-flat (all_reduce, barrier): each rank copies its block into its
+// slot and reduces the whole block reading every slot; one
+// synchronisation instead of two, for small buffers whose cost is the
+// synchronisation.
 //
-// Either way every element is reduced in rank order, ((x0 op x1) op x2)
-// ..., from the same operands, so every rank ends with the same bits.
+// reduce_scatter: each rank copies the pieces the others keep into its
+// slot, one part of the slot per destination, and reduces its own piece.
+//
+// Every element is reduced in rank order, ((x0 op x1) op x2) ..., from
+// the same operands, so every rank ends with the same bits.
 
-// sharedBlocks cuts buf into the slot-sized blocks, at least one so that
-// empty calls still meet (and check each other's calls).
-func (o *op) sharedBlocks(buf []byte, each func(block []byte) error) error {
-	s := o.c.t.shm
-	if !s.enter() {
-		return ErrClosed
+// reduceChunk sets dst, and dst2 unless nil, to the reduction, in rank
+// order, of every rank's operand for block g: span at of its slot for a
+// peer, own for this rank. It waits for every operand, then reduces them
+// in one pass (reduceMany). Neither dst nor dst2 overlaps an operand.
+func (o *op) reduceChunk(g uint32, dst, dst2 []byte, at span, own []byte) error {
+	n := o.c.size()
+	var operands [maxFused][]byte
+	var srcs [][]byte
+	if n <= maxFused {
+		srcs = operands[:n]
+	} else {
+		srcs = make([][]byte, n)
 	}
-	defer s.exit()
-	clear(s.checked)
-	s.checked[o.c.rank] = true
-	for lo := 0; ; lo += s.slot {
-		if err := each(buf[lo:min(lo+s.slot, len(buf))]); err != nil {
-			return err
-		}
-		if lo+s.slot >= len(buf) {
-			return nil
-		}
-	}
-}
-
-// fillSlot starts block g: it waits until every peer is done with the
-// slot's previous block, copies block in, and says so.
-func (o *op) fillSlot(g uint32, block []byte) ([]byte, error) {
-	s := o.c.t.shm
-	for peer, w := range o.c.world {
+	for peer := range n {
+		srcs[peer] = own
 		if peer != o.c.rank {
-			if err := o.awaitShared(peer, s.regions[w].consumed, g-2, false); err != nil {
-				return nil, err
-			}
-		}
-	}
-	me := o.c.world[o.c.rank]
-	slot := s.regions[me].slots[g%2][:len(block)]
-	copy(slot, block)
-	s.signal(me, s.regions[me].written, g)
-	return slot, nil
-}
-
-// reduceSlots sets dst to the reduction, in rank order, of span at of
-// every rank's slot for block g, waiting for each rank's input. The
-// world has at least two ranks.
-func (o *op) reduceSlots(g uint32, dst []byte, at span) error {
-	s := o.c.t.shm
-	var acc []byte // the first operand, until dst holds the partial result
-	for peer, w := range o.c.world {
-		if peer != o.c.rank {
-			if err := o.awaitShared(peer, s.regions[w].written, g, true); err != nil {
+			if err := o.awaitWritten(peer, g); err != nil {
 				return err
 			}
-		}
-		in := at.of(s.regions[w].slots[g%2])
-		switch peer {
-		case 0:
-			acc = in
-		case 1:
-			o.combine(dst, acc, in)
-		default:
-			o.combine(dst, dst, in)
+			srcs[peer] = at.of(o.slotOf(peer, g))
 		}
 	}
+	reduceMany(dst, dst2, srcs, o.hdr.dtype, o.hdr.reduce)
 	return nil
 }
 
-func (o *op) allReduceShared(buf []byte) error {
-	s := o.c.t.shm
+// reduceShared reduces buf across the ranks into every rank's buf (root
+// -1) or root's, block by block.
+func (o *op) reduceShared(buf []byte, root int) error {
 	n, me, es := o.c.size(), o.c.rank, o.hdr.dtype.Size()
-	self := o.c.world[me]
-	return o.sharedBlocks(buf, func(block []byte) error {
-		s.stamp++
-		g := s.stamp
-		slot, err := o.fillSlot(g, block)
-		if err != nil {
-			return err
-		}
-		chunks := evenSpans(len(block)/es, es, n)
-		mine := chunks[me]
-		if err := o.reduceSlots(g, mine.of(block), mine); err != nil {
-			return err
-		}
-		copy(mine.of(slot), mine.of(block))
-		s.signal(self, s.regions[self].reduced, g)
-		for peer, w := range o.c.world {
-			if peer == me {
-				continue
-			}
-			if err := o.awaitShared(peer, s.regions[w].reduced, g, true); err != nil {
+	return o.runShared(func(s *shmWorld) error {
+		for lo := 0; ; lo += s.slot {
+			block := buf[lo:min(lo+s.slot, len(buf))]
+			g := s.next()
+			slot, err := o.claimSlot(g)
+			if err != nil {
 				return err
 			}
-			c := chunks[peer]
-			copy(c.of(block), c.of(s.regions[w].slots[g%2]))
+			count := len(block) / es
+			mine := evenSpan(count, es, n, me)
+			// The chunks before and after ours, which the peers reduce.
+			copyCached(slot[:mine.off], block[:mine.off])
+			copyCached(slot[mine.off+mine.len:len(block)], block[mine.off+mine.len:])
+			o.signalWritten(g)
+			// Our chunk's result goes to our slot for the peers and, when
+			// we want the result, to block in the same pass.
+			var result []byte
+			if root < 0 || root == me {
+				result = mine.of(block)
+			}
+			// own is read before result is written, block by block: the
+			// two may be the same memory.
+			if err := o.reduceChunk(g, mine.of(slot), result, mine, mine.of(block)); err != nil {
+				return err
+			}
+			o.signalReduced(g)
+			if root < 0 || root == me {
+				for i := range n - 1 {
+					peer := orderAfter(me, n, i)
+					if err := o.awaitReduced(peer, g); err != nil {
+						return err
+					}
+					c := evenSpan(count, es, n, peer)
+					copyCached(c.of(block), c.of(o.slotOf(peer, g)))
+				}
+			}
+			o.signalConsumed(g)
+			if lo+s.slot >= len(buf) {
+				return nil
+			}
 		}
-		s.signal(self, s.regions[self].consumed, g)
-		return nil
 	})
 }
 
+// allReduceSharedFlat reduces every block whole on every rank: one
+// synchronisation per block. A nil buf is a barrier.
 func (o *op) allReduceSharedFlat(buf []byte) error {
-	s := o.c.t.shm
-	self := o.c.world[o.c.rank]
-	return o.sharedBlocks(buf, func(block []byte) error {
-		s.stamp++
-		g := s.stamp
-		if _, err := o.fillSlot(g, block); err != nil {
-			return err
+	return o.runShared(func(s *shmWorld) error {
+		for lo := 0; ; lo += s.slot {
+			block := buf[lo:min(lo+s.slot, len(buf))]
+			g := s.next()
+			slot, err := o.claimSlot(g)
+			if err != nil {
+				return err
+			}
+			copyCached(slot, block)
+			o.signalWritten(g)
+			// Our own operand is read from our slot: block is the result.
+			if err := o.reduceChunk(g, block, nil, span{0, len(block)}, slot[:len(block)]); err != nil {
+				return err
+			}
+			o.signalConsumed(g)
+			if lo+s.slot >= len(buf) {
+				return nil
+			}
 		}
-		if err := o.reduceSlots(g, block, span{0, len(block)}); err != nil {
-			return err
+	})
+}
+
+// reduceScatterShared reduces in across the ranks into out, which gets
+// piece chunks[me] of the result. in is left intact.
+func (o *op) reduceScatterShared(out, in []byte, chunks []span) error {
+	n, me := o.c.size(), o.c.rank
+	sub := subSlot(o.c.t.shm.slot, n)
+	longest := 0
+	for _, c := range chunks {
+		longest = max(longest, c.len)
+	}
+	rounds := max(ceilDiv(longest, sub), 1)
+	// Our operand is read from in unless out overlaps it, when it must
+	// go through our slot too, as a peer's would.
+	alias := overlaps(out, in)
+	return o.runShared(func(s *shmWorld) error {
+		for k := range rounds {
+			g := s.next()
+			slot, err := o.claimSlot(g)
+			if err != nil {
+				return err
+			}
+			for j, c := range chunks {
+				if j != me || alias {
+					w := window(c, k, sub)
+					copyCached(slot[j*sub:], w.of(in))
+				}
+			}
+			o.signalWritten(g)
+			w := window(chunks[me], k, sub)
+			own := w.of(in)
+			if alias {
+				own = slot[me*sub:][:w.len]
+			}
+			dst := out[w.off-chunks[me].off:][:w.len]
+			if err := o.reduceChunk(g, dst, nil, span{me * sub, w.len}, own); err != nil {
+				return err
+			}
+			o.signalConsumed(g)
 		}
-		s.signal(self, s.regions[self].consumed, g)
 		return nil
 	})
 }

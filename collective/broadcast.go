@@ -3,9 +3,11 @@ package collective
 import (
 	"context"
 	"fmt"
+	"math/bits"
 )
 
-// Broadcast copies root's buf to every rank: down a binomial tree for
+// Broadcast copies root's buf to every rank: through shared memory when
+// the world has it (movement_shm.go), else down a binomial tree for
 // small buffers (log2(n) hops), down a chain for large ones, where every
 // rank forwards each segment as it lands so that all links carry data at
 // once.
@@ -21,9 +23,13 @@ func (c *comm) Broadcast(ctx context.Context, buf []byte, dt DType, root int) er
 	if err != nil {
 		return err
 	}
-	parent, children := binomialTree(c.rank, root, c.size())
+	if algo == algoShm {
+		return c.end(o, o.broadcastShared(buf, root))
+	}
+	var kids [bits.UintSize]int
+	parent, children := binomialTree(c.rank, root, c.size(), kids[:0])
 	if algo == algoChain {
-		parent, children = chain(c.rank, root, c.size())
+		parent, children = chain(c.rank, root, c.size(), kids[:0])
 	}
 	return c.end(o, o.broadcast(buf, parent, children))
 }
@@ -62,8 +68,9 @@ func (o *op) broadcast(buf []byte, parent int, children []int) error {
 // binomialTree gives rank's parent (-1 at the root) and children, largest
 // subtree first, in the binomial tree of n ranks rooted at root: relative
 // rank v receives from v minus its lowest set bit and sends to v+1, v+2,
-// v+4, ... below that bit.
-func binomialTree(rank, root, n int) (parent int, children []int) {
+// v+4, ... below that bit. The children are appended to children, which
+// has room for bits.UintSize.
+func binomialTree(rank, root, n int, children []int) (parent int, _ []int) {
 	rel := (rank - root + n) % n
 	abs := func(v int) int { return (v + root) % n }
 	parent = -1
@@ -82,15 +89,16 @@ func binomialTree(rank, root, n int) (parent int, children []int) {
 	return parent, children
 }
 
-// chain gives rank's neighbours in the chain root, root+1, ..., root-1.
-func chain(rank, root, n int) (parent int, children []int) {
+// chain gives rank's neighbours in the chain root, root+1, ..., root-1,
+// appending its child to children.
+func chain(rank, root, n int, children []int) (parent int, _ []int) {
 	rel := (rank - root + n) % n
 	parent = -1
 	if rel > 0 {
 		parent = (rank + n - 1) % n
 	}
 	if rel < n-1 {
-		children = []int{(rank + 1) % n}
+		children = append(children, (rank+1)%n)
 	}
 	return parent, children
 }

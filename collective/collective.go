@@ -1,8 +1,9 @@
-// Package collective holds the transport-agnostic collective algorithms,
-// the reduction kernels per data type, and the transports that carry them
-// (TCP for any host). The runtime package builds torch.distributed's API
-// on the Comm interface defined here; the NCCL backend implements the same
-// interface.
+// Package collective holds the collective algorithms, the reduction
+// kernels per data type (vector instructions where the CPU has them), and
+// the transports that carry them: shared memory between the ranks of one
+// host, TCP (or Unix sockets) for any. The runtime package builds
+// torch.distributed's API on the Comm interface defined here; the NCCL
+// backend implements the same interface.
 package collective
 
 import (

@@ -49,6 +49,9 @@ type TCPOptions struct {
 	segment int
 	// shmSlot overrides the bytes per block of shared-memory algorithms.
 	shmSlot int
+	// noSingleCopy turns off single-copy reads of peers' memory, as a
+	// kernel that forbids them would.
+	noSingleCopy bool
 	// getenv reads the environment (os.Getenv when nil).
 	getenv func(string) string
 }
@@ -68,10 +71,11 @@ const worldID = 1
 // made on first use, or during NewTCP when opts.Eager is set. Closing the
 // returned Comm closes the transport that its splits share.
 //
-// The environment variable GORUN_ALGO ("ring", "rhd", "rd", "tree",
-// "chain") forces the algorithm of the collectives that have it; every
-// rank must agree (frames carry the algorithm, so ranks that do not fail
-// with ErrMismatch).
+// The environment variable GORUN_ALGO forces the algorithm of the
+// collectives that have it: "shm" or "shm-flat" (shared memory, when the
+// world has it), "ring", "rhd", "rd", "tree", "chain", "direct" (over
+// sockets); every rank must agree (frames and shared-memory calls carry
+// the algorithm, so ranks that do not fail with ErrMismatch).
 func NewTCP(ctx context.Context, store rendezvous.Store, rank, size int, opts TCPOptions) (Comm, error) {
 	if size < 1 || rank < 0 || rank >= size {
 		return nil, fmt.Errorf("collective: rank %d out of range for world size %d", rank, size)
@@ -117,7 +121,8 @@ func NewTCP(ctx context.Context, store rendezvous.Store, rank, size int, opts TC
 	if slot <= 0 {
 		slot = defaultShmSlot
 	}
-	if t.shm, err = setupShm(ctx, store, rank, size, slot, mode != "unix", t.hostID, log); err != nil {
+	slot = max(slot, 64*size) // a part of 64 bytes per rank at least (subSlot)
+	if t.shm, err = setupShm(ctx, store, rank, size, slot, mode != "unix", !opts.noSingleCopy, t.hostID, log); err != nil {
 		t.close()
 		return nil, err
 	}
@@ -171,12 +176,13 @@ type comm struct {
 	log     zerolog.Logger
 	isWorld bool
 
-	seq  uint64 // the last collective's sequence number (calls are sequential)
-	coll op     // the collective in flight, reused
-	prev header // the last collective's frame template, for mismatch errors
+	seq   uint64    // the last collective's sequence number (calls are sequential)
+	coll  op        // the collective in flight, reused
+	prev  header    // the last collective's frame template, for mismatch errors
+	spans [2][]span // the call's span lists, reused (spanScratch)
 
-	progress  atomic.Pointer[progress] // the latest collective, for queries
-	waitingOn atomic.Int32             // the rank its op blocks on, or -1
+	progress  atomic.Uint64 // the latest collective, for queries (packProgress)
+	waitingOn atomic.Int32  // the rank its op blocks on, or -1
 
 	failMu sync.Mutex
 	err    error         // the first failure; set before failed is closed
@@ -216,6 +222,15 @@ func (t *transport) register(c *comm) error {
 		c.fail(note.errorFor(c.rank))
 	}
 	return nil
+}
+
+// spanScratch returns span list i (0 or 1) of the call in flight, n
+// long, for the call to fill.
+func (c *comm) spanScratch(i, n int) []span {
+	if cap(c.spans[i]) < n {
+		c.spans[i] = make([]span, n)
+	}
+	return c.spans[i][:n]
 }
 
 // shared reports whether c's collectives may go through shared memory:
@@ -262,7 +277,7 @@ func (c *comm) begin(ctx context.Context, h header) (*op, error) {
 	h.kind, h.comm, h.seq = kindData, c.id, c.seq
 	o := &c.coll
 	o.reset(c, ctx, h)
-	c.progress.Store(&progress{seq: c.seq, coll: h.coll, active: true})
+	c.progress.Store(packProgress(c.seq, h.coll, true))
 	if c.shared() {
 		c.t.shm.publish(c.world[c.rank], &h)
 	}
@@ -289,7 +304,7 @@ func (c *comm) goneMember() (int, error) {
 
 // end finishes a collective begun by begin.
 func (c *comm) end(o *op, err error) error {
-	c.progress.Store(&progress{seq: o.hdr.seq, coll: o.hdr.coll})
+	c.progress.Store(packProgress(o.hdr.seq, o.hdr.coll, false))
 	c.prev = o.hdr
 	return o.finish(err)
 }

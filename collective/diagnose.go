@@ -31,18 +31,26 @@ type statusNote struct {
 // status is what a communicator tells queries; its op writes the
 // atomics, the transport's readers read them.
 func (c *comm) status() statusNote {
-	p := c.progress.Load()
-	if p == nil {
+	seq, coll, active := unpackProgress(c.progress.Load())
+	if seq == 0 {
 		return statusNote{Known: true, Waiting: -1}
 	}
-	return statusNote{Known: true, Seq: p.seq, Op: p.coll.String(), Active: p.active, Waiting: int(c.waitingOn.Load())}
+	return statusNote{Known: true, Seq: seq, Op: coll.String(), Active: active, Waiting: int(c.waitingOn.Load())}
 }
 
-// progress is a collective's public state.
-type progress struct {
-	seq    uint64
-	coll   collKind
-	active bool
+// A collective's public state is one word, so that publishing it
+// allocates nothing: the sequence number in the high 48 bits, then the
+// collective, then whether it is still running.
+func packProgress(seq uint64, coll collKind, active bool) uint64 {
+	v := seq<<16 | uint64(coll)<<1
+	if active {
+		v |= 1
+	}
+	return v
+}
+
+func unpackProgress(v uint64) (seq uint64, coll collKind, active bool) {
+	return v >> 16, collKind(v >> 1), v&1 == 1
 }
 
 // diagnose asks the members what they are doing and explains the wait:

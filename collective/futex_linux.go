@@ -38,4 +38,6 @@ func futexWake(word *atomic.Uint32) {
 // yieldProcessor gives the core to another runnable thread, in this
 // process or another: with more ranks than cores, the peer we wait for
 // may need it.
-func yieldProcessor() { unix.Syscall(unix.SYS_SCHED_YIELD, 0, 0, 0) }
+// It is a raw system call: it returns at once or once another thread has
+// had the core, and the scheduler need not know either way.
+func yieldProcessor() { unix.RawSyscall(unix.SYS_SCHED_YIELD, 0, 0, 0) }

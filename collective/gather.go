@@ -5,8 +5,10 @@ import (
 	"fmt"
 )
 
-// AllGather concatenates every rank's in into out in rank order, by a ring
-// whose ranks forward each segment as it lands, straight into out.
+// AllGather concatenates every rank's in into out in rank order: through
+// shared memory when the world has it (movement_shm.go), else by a ring
+// whose ranks forward each segment as it lands, straight into out. Gather
+// and Scatter go through shared memory too when they can.
 func (c *comm) AllGather(ctx context.Context, out, in []byte, dt DType) error {
 	if err := checkBuffer("all_gather", in, dt); err != nil {
 		return err
@@ -14,11 +16,15 @@ func (c *comm) AllGather(ctx context.Context, out, in []byte, dt DType) error {
 	if len(out) != c.size()*len(in) {
 		return fmt.Errorf("collective: all_gather: out holds %d bytes, want %d ranks x %d", len(out), c.size(), len(in))
 	}
-	o, err := c.begin(ctx, header{coll: collAllGather, dtype: dt, algo: algoRing, count: uint64(len(in) / dt.Size())})
+	algo := c.movementAlgorithm(algoRing)
+	o, err := c.begin(ctx, header{coll: collAllGather, dtype: dt, algo: algo, count: uint64(len(in) / dt.Size())})
 	if err != nil {
 		return err
 	}
-	chunks := equalSpans(len(in), c.size())
+	if algo == algoShm {
+		return c.end(o, o.allGatherShared(out, in, -1))
+	}
+	chunks := fillEqualSpans(o.spans(0, c.size()), len(in))
 	copy(chunks[c.rank].of(out), in)
 	return c.end(o, o.ringAllGather(out, chunks))
 }
@@ -35,22 +41,26 @@ func (c *comm) Gather(ctx context.Context, out, in []byte, dt DType, root int) e
 	if c.rank == root && len(out) != c.size()*len(in) {
 		return fmt.Errorf("collective: gather: out holds %d bytes, want %d ranks x %d", len(out), c.size(), len(in))
 	}
-	o, err := c.begin(ctx, header{coll: collGather, dtype: dt, algo: algoDirect, root: int32(root), count: uint64(len(in) / dt.Size())})
+	algo := c.movementAlgorithm(algoDirect)
+	o, err := c.begin(ctx, header{coll: collGather, dtype: dt, algo: algo, root: int32(root), count: uint64(len(in) / dt.Size())})
 	if err != nil {
 		return err
 	}
-	chunks := equalSpans(len(in), c.size())
+	if algo == algoShm {
+		return c.end(o, o.allGatherShared(out, in, root))
+	}
+	chunks := fillEqualSpans(o.spans(0, c.size()), len(in))
 	if c.rank != root {
 		return c.end(o, o.send(root, in, chunks[c.rank].off))
 	}
-	var incoming []*recvReq
+	first := len(o.recvs) // the receives below follow each other there
 	for peer, at := range chunks {
 		if peer != root {
-			incoming = append(incoming, o.expect(peer, at.of(out), at.off)...)
+			o.expect(peer, at.of(out), at.off)
 		}
 	}
 	copy(chunks[root].of(out), in)
-	return c.end(o, o.awaitAll(incoming))
+	return c.end(o, o.awaitAll(o.recvs[first:]))
 }
 
 // Scatter gives rank i the i-th len(out)-sized slice of root's in,
@@ -65,11 +75,15 @@ func (c *comm) Scatter(ctx context.Context, out, in []byte, dt DType, root int) 
 	if c.rank == root && len(in) != c.size()*len(out) {
 		return fmt.Errorf("collective: scatter: in holds %d bytes, want %d ranks x %d", len(in), c.size(), len(out))
 	}
-	o, err := c.begin(ctx, header{coll: collScatter, dtype: dt, algo: algoDirect, root: int32(root), count: uint64(len(out) / dt.Size())})
+	algo := c.movementAlgorithm(algoDirect)
+	o, err := c.begin(ctx, header{coll: collScatter, dtype: dt, algo: algo, root: int32(root), count: uint64(len(out) / dt.Size())})
 	if err != nil {
 		return err
 	}
-	chunks := equalSpans(len(out), c.size())
+	if algo == algoShm {
+		return c.end(o, o.scatterShared(out, in, root))
+	}
+	chunks := fillEqualSpans(o.spans(0, c.size()), len(out))
 	if c.rank != root {
 		return c.end(o, o.awaitAll(o.expect(root, out, chunks[c.rank].off)))
 	}
@@ -82,13 +96,4 @@ func (c *comm) Scatter(ctx context.Context, out, in []byte, dt DType, root int) 
 	}
 	copy(out, chunks[root].of(in))
 	return c.end(o, nil)
-}
-
-// equalSpans cuts n ranks' worth of size bytes each.
-func equalSpans(size, n int) []span {
-	spans := make([]span, n)
-	for i := range spans {
-		spans[i] = span{i * size, size}
-	}
-	return spans
 }

@@ -156,3 +156,8 @@ func unsafeBytes[T any](s []T) []byte {
 }
 
 func errorsIsMismatch(err error) bool { return errors.Is(err, ErrMismatch) }
+
+// countSpans turns per-rank element counts into byte ranges.
+func countSpans(counts []int, size int) []span {
+	return fillCountSpans(make([]span, len(counts)), counts, size)
+}

@@ -8,7 +8,9 @@ import (
 
 // The reduction kernels work on typed views of the byte buffers
 // (unsafe.Slice, no copy), four elements per iteration with the bounds
-// checks hoisted by re-slicing, and allocate nothing.
+// checks hoisted by re-slicing, and allocate nothing. Where the CPU has
+// vector instructions for the pair, a vector kernel takes the buffers'
+// whole blocks first (kernels_amd64.go) and these loops the rest.
 //
 // Semantics:
 //   - Integers wrap on overflow (sum and product), as two's complement does.
@@ -68,6 +70,9 @@ func checkReduction(dt DType, op Op) error {
 // the order of a and b only matters for NaN payloads, which is why the
 // algorithms fix it. The arguments have been checked.
 func combine(dst, a, b []byte, dt DType, op Op) {
+	if n := combineVector(dst, a, b, dt, op); n > 0 {
+		dst, a, b = dst[n:], a[n:], b[n:]
+	}
 	switch dt {
 	case Int8:
 		combineInt(view[int8](dst), view[int8](a), view[int8](b), op)
@@ -81,10 +86,50 @@ func combine(dst, a, b []byte, dt DType, op Op) {
 		combineFloat(view[float32](dst), view[float32](a), view[float32](b), op)
 	case Float64:
 		combineFloat(view[float64](dst), view[float64](a), view[float64](b), op)
-	case Float16:
-		combineHalf(view[uint16](dst), view[uint16](a), view[uint16](b), op, widenFloat16, narrowFloat16)
-	case BFloat16:
-		combineHalf(view[uint16](dst), view[uint16](a), view[uint16](b), op, widenBFloat16, narrowBFloat16)
+	case Float16, BFloat16:
+		combineHalf(view[uint16](dst), view[uint16](a), view[uint16](b), op, dt)
+	}
+}
+
+// reduceMany sets dst, and dst2 unless nil, to the reduction of srcs in
+// order, ((srcs[0] op srcs[1]) op srcs[2]) ..., elementwise: the bits
+// combine gives pair by pair, in one pass over the operands where a
+// vector kernel can (and in groups of maxFused where there are more).
+// All have dst's length, len(srcs) >= 1. dst overlaps no operand; dst2
+// may be one, as the same memory exactly: it is written only once every
+// operand of its elements has been read.
+func reduceMany(dst, dst2 []byte, srcs [][]byte, dt DType, op Op) {
+	done := 0
+	if len(srcs) >= 2 {
+		first := dst2
+		if len(srcs) > maxFused {
+			first = nil // dst2 may be an operand of a later group
+		}
+		done = reduceManyVector(dst, first, srcs[:min(len(srcs), maxFused)], dt, op)
+	}
+	if done > 0 && len(srcs) > maxFused {
+		// Fold the rest into what the first group left in dst.
+		var group [maxFused][]byte
+		for next := maxFused; next < len(srcs); next += maxFused - 1 {
+			group[0] = dst[:done]
+			m := 1 + copy(group[1:], srcs[next:])
+			reduceManyVector(dst[:done], nil, group[:m], dt, op)
+		}
+		if dst2 != nil {
+			copy(dst2[:done], dst[:done])
+		}
+	}
+	rest := dst[done:]
+	if len(srcs) == 1 {
+		copy(rest, srcs[0][done:])
+	} else {
+		combine(rest, srcs[0][done:], srcs[1][done:], dt, op)
+		for _, s := range srcs[2:] {
+			combine(rest, rest, s[done:], dt, op)
+		}
+	}
+	if dst2 != nil {
+		copy(dst2[done:], rest)
 	}
 }
 
@@ -142,15 +187,27 @@ func combineFloat[T float](d, a, b []T, op Op) {
 // time, in arrays on the stack.
 const halfBlock = 512
 
-func combineHalf(d, a, b []uint16, op Op, widen func([]float32, []uint16), narrow func([]uint16, []float32)) {
+// combineHalf combines float16 or bfloat16 (dt) elements in float32.
+// The conversions are called directly, not through function values, so
+// that the arrays stay on the stack.
+func combineHalf(d, a, b []uint16, op Op, dt DType) {
 	var wa, wb [halfBlock]float32
 	for len(d) > 0 {
 		n := min(len(d), halfBlock)
 		fa, fb := wa[:n], wb[:n]
-		widen(fa, a[:n])
-		widen(fb, b[:n])
+		if dt == BFloat16 {
+			widenBFloat16(fa, a[:n])
+			widenBFloat16(fb, b[:n])
+		} else {
+			widenFloat16(fa, a[:n])
+			widenFloat16(fb, b[:n])
+		}
 		combineFloat(fa, fa, fb, op)
-		narrow(d[:n], fa)
+		if dt == BFloat16 {
+			narrowBFloat16(d[:n], fa)
+		} else {
+			narrowFloat16(d[:n], fa)
+		}
 		d, a, b = d[n:], a[n:], b[n:]
 	}
 }

@@ -1,6 +1,7 @@
 package collective
 
 import (
+	"bytes"
 	"errors"
 	"math"
 	"math/rand/v2"
@@ -127,8 +128,11 @@ func TestReduceIntoMatchesScalar(t *testing.T) {
 	rng := rand.New(rand.NewPCG(1, 2))
 	for _, dt := range allDTypes {
 		for _, op := range opsFor(dt) {
-			for _, n := range []int{0, 1, 2, 3, 4, 5, 7, 8, 9, 513, 1000} {
-				a, b := randomBytes(rng, dt, n), randomBytes(rng, dt, n)
+			// Lengths around the vector kernels' blocks (128 bytes), and
+			// buffers that start off a vector's alignment.
+			for _, n := range []int{0, 1, 2, 3, 4, 5, 7, 8, 9, 15, 16, 17, 31, 32, 33, 63, 64, 65, 127, 128, 129, 513, 1000, 4099} {
+				skew := n % 3 * dt.Size()
+				a, b := randomBytes(rng, dt, n+skew/dt.Size())[skew:], randomBytes(rng, dt, n)
 				want := scalar(dt, op, a, b)
 				if err := ReduceInto(a, b, dt, op); err != nil {
 					t.Fatalf("%v %v: %v", dt, op, err)
@@ -179,6 +183,67 @@ func TestIntegersWrap(t *testing.T) {
 	if a[0] != 127 || a[1] != -128 || a[2] != -128 {
 		t.Fatalf("int8 product: %v", a)
 	}
+}
+
+// TestVectorSpecialValues runs NaNs, infinities, zeros of both signs
+// and subnormals through every float kernel, vector blocks and scalar
+// tail alike, against the scalar definition.
+func TestVectorSpecialValues(t *testing.T) {
+	specials := []float64{math.NaN(), math.Inf(1), math.Inf(-1), 0, math.Copysign(0, -1), 1, -1, 1e-40, -1e-310, math.MaxFloat32, 3.5}
+	for _, dt := range []DType{Float32, Float64, Float16, BFloat16} {
+		for _, op := range opsFor(dt) {
+			// Every pair of specials, repeated past a few vector blocks.
+			var xs, ys []float64
+			for len(xs) < 700 {
+				for _, x := range specials {
+					for _, y := range specials {
+						xs, ys = append(xs, x), append(ys, y)
+					}
+				}
+			}
+			a, b := floatsAs(dt, xs), floatsAs(dt, ys)
+			want := scalar(dt, op, a, b)
+			if err := ReduceInto(a, b, dt, op); err != nil {
+				t.Fatal(err)
+			}
+			for i := 0; i < len(xs); i++ {
+				if got, w := floatAt(dt, a, i), floatAt(dt, want, i); got != w && !(got != got && w != w) || math.Signbit(got) != math.Signbit(w) && got == got {
+					t.Fatalf("%v %v(%v, %v) = %v, want %v", dt, op, xs[i], ys[i], got, w)
+				}
+			}
+		}
+	}
+}
+
+// floatsAs encodes vs as elements of dt.
+func floatsAs(dt DType, vs []float64) []byte {
+	b := make([]byte, len(vs)*dt.Size())
+	for i, v := range vs {
+		switch dt {
+		case Float32:
+			view[float32](b)[i] = float32(v)
+		case Float64:
+			view[float64](b)[i] = v
+		case Float16:
+			view[uint16](b)[i] = Float32ToFloat16(float32(v))
+		case BFloat16:
+			view[uint16](b)[i] = Float32ToBFloat16(float32(v))
+		}
+	}
+	return b
+}
+
+// floatAt decodes element i of b, of dt.
+func floatAt(dt DType, b []byte, i int) float64 {
+	switch dt {
+	case Float32:
+		return float64(view[float32](b)[i])
+	case Float64:
+		return view[float64](b)[i]
+	case Float16:
+		return float64(Float16ToFloat32(view[uint16](b)[i]))
+	}
+	return float64(BFloat16ToFloat32(view[uint16](b)[i]))
 }
 
 func TestFloatSpecialValues(t *testing.T) {
@@ -341,5 +406,82 @@ func TestCheckReductionErrorsAreClear(t *testing.T) {
 	}
 	if errors.Is(err, ErrMismatch) {
 		t.Fatal("an argument error is no mismatch")
+	}
+}
+
+// TestReduceManyMatchesPairs: the one-pass reduction of many operands
+// gives, bit for bit, what combining them pair by pair in order gives,
+// for operand counts below, at and above what one pass takes, with the
+// second destination being one of the operands.
+func TestReduceManyMatchesPairs(t *testing.T) {
+	rng := rand.New(rand.NewPCG(3, 4))
+	for _, dt := range allDTypes {
+		for _, op := range opsFor(dt) {
+			for _, nsrc := range []int{1, 2, 3, 4, 7, maxFused, maxFused + 1, 2*maxFused + 3} {
+				for _, n := range []int{0, 1, 31, 32, 33, 100, 1000} {
+					srcs := make([][]byte, nsrc)
+					for i := range srcs {
+						srcs[i] = randomBytes(rng, dt, n)
+					}
+					want := bytes.Clone(srcs[0])
+					for _, s := range srcs[1:] {
+						combine(want, want, s, dt, op)
+					}
+					alias := rng.IntN(nsrc)
+					orig := bytes.Clone(srcs[alias])
+					dst := make([]byte, len(want))
+					reduceMany(dst, srcs[alias], srcs, dt, op)
+					if !bytes.Equal(dst, want) {
+						t.Fatalf("%v %v, %d operands of %d: %s", dt, op, nsrc, n, firstDiff(dst, want))
+					}
+					if !bytes.Equal(srcs[alias], want) {
+						t.Fatalf("%v %v, %d operands of %d: second destination (operand %d, was %x...): %s",
+							dt, op, nsrc, n, alias, orig[:min(8, len(orig))], firstDiff(srcs[alias], want))
+					}
+				}
+			}
+		}
+	}
+}
+
+// eitherNaN reports whether, a and b being NaNs of dt both, got is one of
+// them made quiet: which one a NaN result carries is the compiler's
+// choice in the scalar loops (Go does not say, and a commutative
+// instruction's operands may be swapped), so either is right.
+func eitherNaN(dt DType, got, a, b uint16) bool {
+	quiet, isNaN := uint16(0x0200), func(h uint16) bool { return h&0x7c00 == 0x7c00 && h&0x03ff != 0 }
+	if dt == BFloat16 {
+		quiet, isNaN = 0x0040, func(h uint16) bool { return h&0x7f80 == 0x7f80 && h&0x007f != 0 }
+	}
+	return isNaN(a) && isNaN(b) && (got == a|quiet || got == b|quiet)
+}
+
+// TestHalfVectorsMatchScalar runs every float16 and bfloat16 bit pattern,
+// NaNs and subnormals included, through the vector kernels against the
+// scalar loops that define them, bit for bit.
+func TestHalfVectorsMatchScalar(t *testing.T) {
+	const n = 1 << 16
+	a := make([]uint16, n)
+	for i := range a {
+		a[i] = uint16(i)
+	}
+	for _, dt := range []DType{Float16, BFloat16} {
+		for _, op := range []Op{Sum, Product, Avg} {
+			for _, stride := range []int{1, 7919, 40503} {
+				b := make([]uint16, n)
+				for i := range b {
+					b[i] = uint16(i*stride + stride/2)
+				}
+				want := make([]uint16, n)
+				combineHalf(want, a, b, op, dt)
+				got := make([]uint16, n)
+				combine(bytesOf(got), bytesOf(a), bytesOf(b), dt, op)
+				for i := range got {
+					if got[i] != want[i] && !eitherNaN(dt, got[i], a[i], b[i]) {
+						t.Fatalf("%v %v(%#04x, %#04x) = %#04x, want %#04x", dt, op, a[i], b[i], got[i], want[i])
+					}
+				}
+			}
+		}
 	}
 }

@@ -132,10 +132,7 @@ const minPooledClass = 10 // 1 KiB
 
 func (p *bufferPool) get(h *header) *frame {
 	n := int(h.length)
-	if n == 0 {
-		return &frame{h: *h, class: -1}
-	}
-	class := max(bits.Len(uint(n-1)), minPooledClass)
+	class := max(bits.Len(uint(max(n, 1)-1)), minPooledClass)
 	if f, ok := p.classes[class].Get().(*frame); ok {
 		f.h = *h
 		f.data = f.data[:n]
@@ -167,17 +164,22 @@ func (t *transport) takePostedLocked(key boxKey, h *header) *recvReq {
 	return nil
 }
 
+// popPosted and popFrame shift the rest down rather than reslicing, so
+// that the queues keep their capacity and appends allocate nothing once
+// warm; they hold a few segments' worth.
 func (b *mailbox) popPosted() *recvReq {
 	r := b.posted[0]
-	b.posted[0] = nil
-	b.posted = b.posted[1:]
+	n := copy(b.posted, b.posted[1:])
+	b.posted[n] = nil
+	b.posted = b.posted[:n]
 	return r
 }
 
 func (b *mailbox) popFrame() *frame {
 	f := b.frames[0]
-	b.frames[0] = nil
-	b.frames = b.frames[1:]
+	n := copy(b.frames, b.frames[1:])
+	b.frames[n] = nil
+	b.frames = b.frames[:n]
 	return f
 }
 

@@ -2,6 +2,7 @@ package collective
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"time"
@@ -35,6 +36,13 @@ func (o *op) label() string {
 }
 
 func (o *op) segment() int { return o.c.cfg.segment }
+
+// segments is how many frames carry n bytes: one per segment, and one
+// for an empty buffer, whose header still goes.
+func (o *op) segments(n int) int { return max(ceilDiv(n, o.segment()), 1) }
+
+// spans returns the call's span list i (0 or 1), n long.
+func (o *op) spans(i, n int) []span { return o.c.spanScratch(i, n) }
 
 // expect posts receives for buf from peer, one per segment (at least one,
 // so that empty buffers still exchange a header), the payload landing at
@@ -108,9 +116,7 @@ func (o *op) send(peer int, buf []byte, off int) error {
 // await blocks until r is filled, the context is done, or the
 // communicator fails.
 func (o *op) await(r *recvReq) error {
-	select {
-	case <-r.done:
-	default:
+	if !o.poll(r.done) {
 		if o.hdr.coll != collSend {
 			o.c.waitingOn.Store(int32(r.peer))
 		}
@@ -133,6 +139,33 @@ func (o *op) await(r *recvReq) error {
 		return o.mismatch(r)
 	}
 	return nil
+}
+
+// poll takes done's token if it comes within awaitSpin, spinning: a
+// frame from a peer that keeps pace arrives within microseconds, sooner
+// than a goroutine parked on the channel would be woken to take it. Only
+// when other threads can run the transport's reader goroutines meanwhile
+// (GOMAXPROCS > 1).
+func (o *op) poll(done chan struct{}) bool {
+	select {
+	case <-done:
+		return true
+	default:
+	}
+	if !o.c.t.spin {
+		return false
+	}
+	start := time.Now()
+	for i := 1; ; i++ {
+		select {
+		case <-done:
+			return true
+		default:
+		}
+		if i%64 == 0 && time.Since(start) >= awaitSpin {
+			return false
+		}
+	}
 }
 
 func (o *op) awaitAll(rs []*recvReq) error {
@@ -196,6 +229,7 @@ func (o *op) finish(err error) error {
 	if err == nil {
 		return nil
 	}
+	o.awaitCause(err)
 	if o.c.fail(err) {
 		o.c.log.Debug().Err(err).Msg("operation failed")
 		o.c.tellOthers(err, o.label())
@@ -231,6 +265,41 @@ func (o *op) withdraw() {
 			t.lostOutgoing(dst, fmt.Errorf("collective: a send stalled for %v after its operation failed", cancelGrace))
 		})
 		s.consumed = true
+	}
+}
+
+// awaitCause gives a peer whose connection broke the time to explain:
+// a rank that fails tells every other why (tellOthers) before it returns,
+// and may exit right after, so our send to it can break before we have
+// read its note. The note names the root cause (the rank that died, say),
+// where our error would blame the messenger. The note may also be
+// another rank's, on a connection of its own, the peer having relayed
+// nothing (a rank that fails by a note does not pass it on). So this
+// waits until the communicator fails with a note, for up to
+// unconnectedWait, and longer, up to noteWait, while the peer's incoming
+// connection, which carries its note, has not been read to its end.
+func (o *op) awaitCause(err error) {
+	var pe *PeerError
+	var wt *waitTimeout
+	if !errors.As(err, &pe) || errors.As(err, &wt) || pe.Rank < 0 || pe.Rank >= o.c.size() || pe.Rank == o.c.rank {
+		return
+	}
+	t, src := o.c.t, o.c.world[pe.Rank]
+	start := time.Now()
+	for time.Since(start) < noteWait {
+		select {
+		case <-o.c.failed:
+			return
+		default:
+		}
+		t.mu.Lock()
+		p := &t.peers[src]
+		ended, connected := p.inErr != nil, p.in != nil
+		t.mu.Unlock()
+		if (ended || !connected) && time.Since(start) >= unconnectedWait {
+			return
+		}
+		time.Sleep(time.Millisecond)
 	}
 }
 

@@ -12,6 +12,8 @@ import (
 	"os"
 	"os/exec"
 	"runtime/pprof"
+	"runtime/trace"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -31,6 +33,12 @@ const (
 	envBytes    = "GORUN_COLLECTIVE_TEST_BYTES"
 	envIters    = "GORUN_COLLECTIVE_TEST_ITERS"
 	envProfile  = "GORUN_COLLECTIVE_TEST_CPUPROFILE" // bench: a CPU profile per rank
+	envTrace    = "GORUN_COLLECTIVE_TEST_TRACE"      // bench: an execution trace per rank
+	envOp       = "GORUN_COLLECTIVE_TEST_OP"         // bench: the collective
+	envSlot     = "GORUN_COLLECTIVE_TEST_SLOT"       // bytes of a shared-memory slot
+	envSegment  = "GORUN_COLLECTIVE_TEST_SEGMENT"    // bytes of a pipelined frame
+	// envNoSingleCopy, when set, turns off single-copy reads between ranks.
+	envNoSingleCopy = "GORUN_COLLECTIVE_TEST_NO_SINGLE_COPY"
 )
 
 // exitCollectiveFailed is a rank's exit status when a collective failed.
@@ -56,7 +64,11 @@ func rankMain() int {
 		return 1
 	}
 	defer store.Close()
-	c, err := NewTCP(ctx, store, rank, size, TCPOptions{Host: "127.0.0.1"})
+	slot, _ := strconv.Atoi(os.Getenv(envSlot))
+	segment, _ := strconv.Atoi(os.Getenv(envSegment))
+	c, err := NewTCP(ctx, store, rank, size, TCPOptions{
+		Host: "127.0.0.1", shmSlot: slot, segment: segment, noSingleCopy: os.Getenv(envNoSingleCopy) != "",
+	})
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "join:", err)
 		return 1
@@ -222,13 +234,27 @@ func scenarioAllReduceLoop(ctx context.Context, c Comm) error {
 	return errors.New("no collective failed")
 }
 
-// scenarioBench times float32 all_reduce sums of $GORUN_COLLECTIVE_TEST_BYTES
-// bytes, $GORUN_COLLECTIVE_TEST_ITERS times after a warm-up, and prints
-// the time of one.
+// scenarioBench times one float32 collective ($GORUN_COLLECTIVE_TEST_OP,
+// all_reduce by default, a sum where it reduces) of
+// $GORUN_COLLECTIVE_TEST_BYTES bytes in all (nccl-tests' size: the
+// buffer of all_reduce and broadcast, the concatenation of all_gather,
+// reduce_scatter and all_to_all), $GORUN_COLLECTIVE_TEST_ITERS times after
+// a warm-up, and prints the median, the shortest and the mean time of one.
 func scenarioBench(ctx context.Context, c Comm) error {
 	size, _ := strconv.Atoi(os.Getenv(envBytes))
 	iters, _ := strconv.Atoi(os.Getenv(envIters))
-	buf := make([]byte, size)
+	run, err := benchCall(c, os.Getenv(envOp), size)
+	if err != nil {
+		return err
+	}
+	for range 3 {
+		if err := run(ctx); err != nil {
+			return err
+		}
+	}
+	if err := c.Barrier(ctx); err != nil {
+		return err
+	}
 	if path := os.Getenv(envProfile); path != "" {
 		f, err := os.Create(fmt.Sprintf("%s.%d", path, c.Rank()))
 		if err != nil {
@@ -238,22 +264,63 @@ func scenarioBench(ctx context.Context, c Comm) error {
 		pprof.StartCPUProfile(f)
 		defer pprof.StopCPUProfile()
 	}
-	for range 3 {
-		if err := c.AllReduce(ctx, buf, Float32, Sum); err != nil {
+	if path := os.Getenv(envTrace); path != "" {
+		f, err := os.Create(fmt.Sprintf("%s.%d", path, c.Rank()))
+		if err != nil {
 			return err
 		}
+		defer f.Close()
+		trace.Start(f)
+		defer trace.Stop()
 	}
-	if err := c.Barrier(ctx); err != nil {
-		return err
-	}
-	start := time.Now()
-	for range iters {
-		if err := c.AllReduce(ctx, buf, Float32, Sum); err != nil {
+	// Each call timed alone: the median and the fastest say more than
+	// the mean on a machine whose other work takes the cores at times.
+	took := make([]time.Duration, iters)
+	began := time.Now()
+	for i := range took {
+		start := time.Now()
+		if err := run(ctx); err != nil {
 			return err
 		}
+		took[i] = time.Since(start)
 	}
-	fmt.Println(time.Since(start) / time.Duration(iters))
+	mean := time.Since(began) / time.Duration(iters)
+	slices.Sort(took)
+	fmt.Println(took[len(took)/2], took[0], mean)
 	return nil
+}
+
+// benchCall returns one call of the collective op on buffers for size
+// bytes in all, as nccl-tests sizes it. The buffers are filled: a buffer
+// never written maps the zero page, which every read finds in the cache.
+func benchCall(c Comm, op string, size int) (func(context.Context) error, error) {
+	n := c.Size()
+	per := size / 4 / n * 4 // one rank's piece, whole float32s
+	filled := func(n int) []byte {
+		b := make([]byte, n)
+		fill(b, Float32, 1, c.Rank())
+		return b
+	}
+	switch op {
+	case "", "allreduce":
+		buf := filled(size)
+		return func(ctx context.Context) error { return c.AllReduce(ctx, buf, Float32, Sum) }, nil
+	case "broadcast":
+		buf := filled(size)
+		return func(ctx context.Context) error { return c.Broadcast(ctx, buf, Float32, 0) }, nil
+	case "allgather":
+		in, out := filled(per), filled(n*per)
+		return func(ctx context.Context) error { return c.AllGather(ctx, out, in, Float32) }, nil
+	case "reduce_scatter":
+		in, out := filled(n*per), filled(per)
+		counts := slices.Repeat([]int{per / 4}, n)
+		return func(ctx context.Context) error { return c.ReduceScatter(ctx, out, in, Float32, Sum, counts) }, nil
+	case "alltoall":
+		in, out := filled(n*per), filled(n*per)
+		counts := slices.Repeat([]int{per / 4}, n)
+		return func(ctx context.Context) error { return c.AllToAll(ctx, out, in, Float32, counts, counts) }, nil
+	}
+	return nil, fmt.Errorf("unknown collective %q", op)
 }
 
 // rankProc is a rank process started by the parent test.

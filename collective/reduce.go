@@ -1,9 +1,13 @@
 package collective
 
-import "context"
+import (
+	"context"
+	"math/bits"
+)
 
-// Reduce reduces buf across the ranks into root's buf: up a binomial tree
-// for small buffers; for large ones a ring reduce-scatter, after which
+// Reduce reduces buf across the ranks into root's buf: in shared memory
+// when the world has it (allreduce_shm.go); else up a binomial tree for
+// small buffers; for large ones a ring reduce-scatter, after which
 // every rank sends its reduced chunk straight to the root. Other ranks'
 // buffers are left holding partial results.
 func (c *comm) Reduce(ctx context.Context, buf []byte, dt DType, op Op, root int) error {
@@ -21,9 +25,12 @@ func (c *comm) Reduce(ctx context.Context, buf []byte, dt DType, op Op, root int
 	if err != nil {
 		return err
 	}
-	if algo == algoRing {
+	switch algo {
+	case algoShm:
+		err = o.reduceShared(buf, root)
+	case algoRing:
 		err = o.reduceRing(buf, root)
-	} else {
+	default:
 		err = o.reduceTree(buf, root)
 	}
 	if err = c.end(o, err); err == nil && op == Avg && c.rank == root {
@@ -35,21 +42,21 @@ func (c *comm) Reduce(ctx context.Context, buf []byte, dt DType, op Op, root int
 // reduceTree receives every child's subtree result at once, combines them
 // into buf in child order (ours first), and sends the sum to the parent.
 func (o *op) reduceTree(buf []byte, root int) error {
-	parent, children := binomialTree(o.c.rank, root, o.c.size())
+	var kids [bits.UintSize]int
+	parent, children := binomialTree(o.c.rank, root, o.c.size(), kids[:0])
 	// Children in ascending relative rank: the smallest subtree first.
-	incoming := make([][]*recvReq, len(children))
+	// Their receives follow each other in o.recvs, in that order.
+	first := len(o.recvs)
 	for i := range children {
 		child := children[len(children)-1-i]
-		incoming[i] = o.expect(child, o.scratch(len(buf)), 0)
+		o.expect(child, o.scratch(len(buf)), 0)
 	}
-	for _, rs := range incoming {
-		for _, r := range rs {
-			if err := o.await(r); err != nil {
-				return err
-			}
-			at := span{int(r.want.offset), len(r.buf)}
-			o.combine(at.of(buf), at.of(buf), r.buf)
+	for _, r := range o.recvs[first:] {
+		if err := o.await(r); err != nil {
+			return err
 		}
+		at := span{int(r.want.offset), len(r.buf)}
+		o.combine(at.of(buf), at.of(buf), r.buf)
 	}
 	if parent >= 0 {
 		return o.send(parent, buf, 0)
@@ -62,7 +69,7 @@ func (o *op) reduceTree(buf []byte, root int) error {
 func (o *op) reduceRing(buf []byte, root int) error {
 	n, me := o.c.size(), o.c.rank
 	es := o.hdr.dtype.Size()
-	chunks := evenSpans(len(buf)/es, es, n)
+	chunks := fillEvenSpans(o.spans(0, n), len(buf)/es, es)
 	if err := o.ringReduceScatter(buf, chunks); err != nil {
 		return err
 	}
@@ -72,11 +79,11 @@ func (o *op) reduceRing(buf []byte, root int) error {
 	if err := o.flush(); err != nil { // the gather overwrites what was sent
 		return err
 	}
-	var gathered []*recvReq
+	first := len(o.recvs) // the receives below follow each other there
 	for peer := range n {
 		if peer != me {
-			gathered = append(gathered, o.expect(peer, chunks[peer].of(buf), chunks[peer].off)...)
+			o.expect(peer, chunks[peer].of(buf), chunks[peer].off)
 		}
 	}
-	return o.awaitAll(gathered)
+	return o.awaitAll(o.recvs[first:])
 }

@@ -6,8 +6,8 @@ import (
 )
 
 // ReduceScatter reduces in across the ranks and leaves slice i of the
-// result on rank i. It works on a copy of in (which it leaves intact): a
-// recursive-doubling all-reduce of the copy for small inputs, a ring
+// result on rank i, leaving in intact: in shared memory when the world
+// has it (allreduce_shm.go); else on a copy of in, a recursive-doubling all-reduce of the copy for small inputs, a ring
 // reduce-scatter with the slices as the ring's chunks for large ones.
 func (c *comm) ReduceScatter(ctx context.Context, out, in []byte, dt DType, op Op, counts []int) error {
 	if err := checkReduction(dt, op); err != nil {
@@ -33,9 +33,16 @@ func (c *comm) ReduceScatter(ctx context.Context, out, in []byte, dt DType, op O
 	if err != nil {
 		return err
 	}
+	chunks := fillCountSpans(o.spans(1, len(counts)), counts, es)
+	if algo == algoShm {
+		err = o.reduceScatterShared(out, in, chunks)
+		if err = c.end(o, err); err == nil && op == Avg {
+			divideBy(out, dt, c.size())
+		}
+		return err
+	}
 	work := o.scratch(len(in))
 	copy(work, in)
-	chunks := countSpans(counts, es)
 	if algo == algoRD {
 		err = o.allReduceDoubling(work)
 	} else {

@@ -22,53 +22,58 @@ func (o *op) ringReduceScatter(buf []byte, chunks []span) error {
 	next, prev := (me+1)%n, (me+n-1)%n
 	chunk := func(i int) span { return chunks[((i%n)+n)%n] }
 
-	// The segments we receive, in the order they come.
-	type part struct {
-		at   span
-		step int
-	}
+	// The segments we receive, in the order they come: step s brings
+	// chunk me-s-2, a segment at a time. A cursor walks them.
 	seg := o.segment()
-	var plan []part
-	for s := range n - 1 {
-		c := chunk(me - s - 2)
-		for lo := 0; ; lo += seg {
-			plan = append(plan, part{span{c.off + lo, min(seg, c.len-lo)}, s})
-			if lo+seg >= c.len {
-				break
-			}
+	type cursor struct{ step, lo int }
+	at := func(c cursor) span {
+		ch := chunk(me - c.step - 2)
+		return span{ch.off + c.lo, min(seg, ch.len-c.lo)}
+	}
+	advance := func(c cursor) cursor {
+		if c.lo+seg < chunk(me-c.step-2).len {
+			return cursor{c.step, c.lo + seg}
 		}
+		return cursor{c.step + 1, 0}
+	}
+	total := 0
+	for s := range n - 1 {
+		total += o.segments(chunk(me - s - 2).len)
 	}
 	first := chunk(me - 1)
 	if err := o.send(next, first.of(buf), first.off); err != nil {
 		return err
 	}
 
-	slots := min(ringSlots, len(plan))
+	slots := min(ringSlots, total)
 	scratch := o.scratch(slots * seg)
-	pending := make([]*recvReq, len(plan))
+	var pending [ringSlots]*recvReq // segment j's receive is pending[j%slots]
+	var posted cursor
 	post := func(j int) {
-		p := plan[j]
-		slot := scratch[(j%slots)*seg:][:p.at.len]
-		pending[j] = o.expect(prev, slot, p.at.off)[0]
+		p := at(posted)
+		pending[j%slots] = o.expect(prev, scratch[(j%slots)*seg:][:p.len], p.off)[0]
+		posted = advance(posted)
 	}
 	for j := range slots {
 		post(j)
 	}
-	for j, p := range plan {
-		r := pending[j]
+	var cur cursor
+	for j := range total {
+		r := pending[j%slots]
 		if err := o.await(r); err != nil {
 			return err
 		}
-		mine := p.at.of(buf)
+		mine := at(cur).of(buf)
 		o.combine(mine, mine, r.buf)
-		if j+slots < len(plan) {
+		if j+slots < total {
 			post(j + slots)
 		}
-		if p.step < n-2 {
-			if err := o.send(next, mine, p.at.off); err != nil {
+		if cur.step < n-2 {
+			if err := o.send(next, mine, at(cur).off); err != nil {
 				return err
 			}
 		}
+		cur = advance(cur)
 	}
 	return nil
 }
@@ -85,17 +90,20 @@ func (o *op) ringAllGather(buf []byte, chunks []span) error {
 	next, prev := (me+1)%n, (me+n-1)%n
 	chunk := func(i int) span { return chunks[((i%n)+n)%n] }
 
-	steps := make([][]*recvReq, n-1)
-	for s := range steps {
+	// Step s's receives follow each other in o.recvs, o.segments of its
+	// chunk's length of them.
+	first := len(o.recvs)
+	for s := range n - 1 {
 		c := chunk(me - s - 1)
-		steps[s] = o.expect(prev, c.of(buf), c.off)
+		o.expect(prev, c.of(buf), c.off)
 	}
 	own := chunk(me)
 	if err := o.send(next, own.of(buf), own.off); err != nil {
 		return err
 	}
-	for s, incoming := range steps {
-		for _, r := range incoming {
+	for s := range n - 1 {
+		k := o.segments(chunk(me - s - 1).len)
+		for _, r := range o.recvs[first : first+k] {
 			if err := o.await(r); err != nil {
 				return err
 			}
@@ -105,6 +113,7 @@ func (o *op) ringAllGather(buf []byte, chunks []span) error {
 				}
 			}
 		}
+		first += k
 	}
 	return nil
 }

@@ -5,8 +5,11 @@ import (
 	"crypto/rand"
 	"encoding/binary"
 	"encoding/hex"
+	"errors"
 	"fmt"
+	"os"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"unsafe"
@@ -29,19 +32,23 @@ import (
 // managed to, and unlink their own file at once: from then on only the
 // mappings hold the memory, and an exit or a crash frees it.
 //
-// The sockets stay: they carry the collectives that have no shared-memory
-// algorithm, the communicators split from the world, abort notes and
-// diagnosis queries, and tell us at once when a peer process dies (its
-// sockets close), which a counter in shared memory never would.
+// Every collective of the world has a shared-memory algorithm
+// (shmops.go, allreduce_shm.go, movement_shm.go). The sockets stay: they
+// carry the communicators split from the world, send and receive, the
+// algorithms GORUN_ALGO forces, abort notes and diagnosis queries, and
+// tell us at once when a peer process dies (its sockets close), which a
+// counter in shared memory never would.
 
 const (
-	// shmKeyPrefix + rank holds the rank's segment name, or "-" when it
-	// has none; shmReadyKeyPrefix + rank then says whether it mapped every
-	// peer's ("1") or not ("0").
+	// shmKeyPrefix + rank holds the rank's process id, the address of its
+	// segment in its own process (hex) and the segment's name, "pid addr
+	// name", the name "-" when it has none; shmReadyKeyPrefix + rank then
+	// says whether it mapped every peer's ("1") or not ("0"), and, after
+	// a "1", whether it could also read every peer's memory with
+	// process_vm_readv ("c").
 	shmKeyPrefix      = "collective/shm/"
 	shmReadyKeyPrefix = "collective/shm-ready/"
 
-	shmControlSize = 4 << 10
 	// defaultShmSlot is the bytes of one block: large enough that the
 	// three synchronisations of a block are amortised, small enough that
 	// two slots per rank stay modest in /dev/shm (docker gives 64 MiB).
@@ -53,36 +60,80 @@ const (
 // The control block. Each counter has its own cache line, so a rank
 // polling one does not slow down the owner writing another.
 const (
-	ctlWritten  = 0   // stamp of the last block whose input is in a slot
-	ctlReduced  = 64  // stamp of the last block whose own chunk is reduced
-	ctlConsumed = 128 // stamp of the last block read from every peer
-	ctlSleepers = 192 // peers sleeping on one of the counters above
-	ctlHistory  = 256 // shmHistory entries of 64 bytes: seq, header
+	ctlWritten   = 0   // stamp of the last block whose data is in a slot
+	ctlReduced   = 64  // stamp of the last block whose own chunk is reduced
+	ctlConsumed  = 128 // stamp of the last block read from every peer
+	ctlPublished = 192 // low 32 bits of the last call's sequence number
+	ctlSleepers  = 256 // peers sleeping on one of the counters above
+	ctlRounds    = 320 // two words 64 bytes apart, by block parity (all_to_all)
+	ctlHistory   = 448 // shmHistory entries of 64 bytes: seq, header
+	ctlMagic     = 960 // a random word, for peers to test process_vm_readv on
+	// ctlPieces starts two piece tables, by block parity: what the
+	// all_to_all or all_gather starting at a block of that parity sends
+	// (see shmRegion.pieces).
+	ctlPieces = 1024
 )
+
+// shmControlSize is the bytes of the control block of a world of n
+// ranks, whole pages so that the slots after it start on one.
+func shmControlSize(n int) int { return (ctlPieces + 2*pieceTableSize(n) + 4095) &^ 4095 }
+
+// pieceTableSize is the bytes of a piece table of n ranks: a count and an
+// offset per rank, and a base address.
+func pieceTableSize(n int) int { return 8 * (2*n + 1) }
 
 // shmRegion is one rank's segment seen through its fields.
 type shmRegion struct {
-	written, reduced, consumed, sleepers *atomic.Uint32
-	history                              []byte
-	slots                                [2][]byte
+	written, reduced, consumed, published, sleepers *atomic.Uint32
+	// rounds[g%2] is how many blocks the all_to_all starting at block g
+	// needs for this rank's pieces; written before block g is.
+	rounds  [2]*atomic.Uint32
+	magic   *atomic.Uint64
+	tables  [2]pieceTable
+	history []byte
+	slots   [2][]byte
 }
 
-func newShmRegion(mem []byte, slot int) shmRegion {
+// pieceTable describes the pieces a rank sends in an all_to_all (or
+// all_gather) for its peers to find them: for each destination, the
+// elements it sends and, when single-copy reads are on (shmWorld.cma),
+// their offset from base, the address of its input in its own process.
+type pieceTable []uint64
+
+func (t pieceTable) ranks() int                     { return len(t) / 2 }
+func (t pieceTable) count(dst int) uint64           { return t[dst] }
+func (t pieceTable) offset(dst int) uint64          { return t[t.ranks()+dst] }
+func (t pieceTable) base() uintptr                  { return uintptr(t[2*t.ranks()]) }
+func (t pieceTable) set(dst int, count, off uint64) { t[dst], t[t.ranks()+dst] = count, off }
+func (t pieceTable) setBase(addr uintptr)           { t[2*t.ranks()] = uint64(addr) }
+
+// pieces is the piece table of the collective starting at block g.
+func (r *shmRegion) pieces(g uint32) pieceTable { return r.tables[g%2] }
+
+func newShmRegion(mem []byte, slot, n int) shmRegion {
+	table := func(par int) pieceTable {
+		return unsafe.Slice((*uint64)(unsafe.Pointer(&mem[ctlPieces+par*pieceTableSize(n)])), 2*n+1)
+	}
+	ctl := shmControlSize(n)
 	word := func(off int) *atomic.Uint32 { return (*atomic.Uint32)(unsafe.Pointer(&mem[off])) }
 	return shmRegion{
-		written:  word(ctlWritten),
-		reduced:  word(ctlReduced),
-		consumed: word(ctlConsumed),
-		sleepers: word(ctlSleepers),
-		history:  mem[ctlHistory : ctlHistory+shmHistory*64],
+		written:   word(ctlWritten),
+		reduced:   word(ctlReduced),
+		consumed:  word(ctlConsumed),
+		published: word(ctlPublished),
+		sleepers:  word(ctlSleepers),
+		rounds:    [2]*atomic.Uint32{word(ctlRounds), word(ctlRounds + 64)},
+		magic:     (*atomic.Uint64)(unsafe.Pointer(&mem[ctlMagic])),
+		tables:    [2]pieceTable{table(0), table(1)},
+		history:   mem[ctlHistory : ctlHistory+shmHistory*64],
 		slots: [2][]byte{
-			mem[shmControlSize : shmControlSize+slot],
-			mem[shmControlSize+slot : shmControlSize+2*slot],
+			mem[ctl : ctl+slot],
+			mem[ctl+slot : ctl+2*slot],
 		},
 	}
 }
 
-func shmSegmentSize(slot int) int { return shmControlSize + 2*slot }
+func shmSegmentSize(slot, n int) int { return shmControlSize(n) + 2*slot }
 
 // shmWorld is the world communicator's shared memory: every rank's
 // region, mapped. The fields after mu are the world's collective in
@@ -95,6 +146,15 @@ type shmWorld struct {
 	stamp   uint32 // the last block stamp used; 0 before the first
 	checked []bool // peers whose call matched ours in the current op
 
+	// inProcess marks the ranks of this process (by world rank), which
+	// tests run as goroutines: waiting for one yields to the Go scheduler
+	// rather than the kernel's (see awaitShared).
+	inProcess []bool
+	// cma says every rank can read every other's memory with
+	// process_vm_readv (readPeer); pids are their processes.
+	cma  bool
+	pids []int
+
 	mu     sync.Mutex
 	closed bool
 	active sync.WaitGroup // ops using the mappings
@@ -104,7 +164,7 @@ type shmWorld struct {
 // host. It returns nil, and no error, when the ranks cannot or will not
 // all use it (another host, GORUN_TRANSPORT, a full /dev/shm): all ranks
 // reach the same verdict, from what they published in the store.
-func setupShm(ctx context.Context, store rendezvous.Store, rank, size, slot int, want bool, hostID string, log zerolog.Logger) (*shmWorld, error) {
+func setupShm(ctx context.Context, store rendezvous.Store, rank, size, slot int, want, singleCopy bool, hostID string, log zerolog.Logger) (*shmWorld, error) {
 	if size < 2 || hostID == "" {
 		return nil, nil
 	}
@@ -139,40 +199,59 @@ func setupShm(ctx context.Context, store rendezvous.Store, rank, size, slot int,
 		var b [8]byte
 		rand.Read(b[:])
 		n := fmt.Sprintf("gorun-collective-%s-%d", hex.EncodeToString(b[:]), rank)
-		if segs[rank], err = createSegment(n, shmSegmentSize(slot)); err == nil {
+		if segs[rank], err = createSegment(n, shmSegmentSize(slot, size)); err == nil {
 			name = n
 		} else {
 			log.Debug().Err(err).Msg("no shared memory; same-host peers use sockets")
 		}
 	}
-	if err := store.Set(ctx, shmKeyPrefix+strconv.Itoa(rank), []byte(name)); err != nil {
+	self := strconv.Itoa(os.Getpid())
+	addr := "0"
+	if segs[rank] != nil {
+		var magic [8]byte
+		rand.Read(magic[:])
+		newShmRegion(segs[rank].mem, slot, size).magic.Store(binary.LittleEndian.Uint64(magic[:]))
+		addr = strconv.FormatUint(uint64(uintptr(unsafe.Pointer(&segs[rank].mem[0]))), 16)
+	}
+	if err := store.Set(ctx, shmKeyPrefix+strconv.Itoa(rank), []byte(self+" "+addr+" "+name)); err != nil {
 		unmapAll()
 		return nil, fmt.Errorf("collective: publish shared memory: %w", err)
 	}
 	if name == "-" {
 		return nil, nil
 	}
-	names, err := store.MultiGet(ctx, keys(shmKeyPrefix))
+	published, err := store.MultiGet(ctx, keys(shmKeyPrefix))
 	if err != nil {
 		unmapAll()
 		return nil, fmt.Errorf("collective: look up shared memory: %w", err)
 	}
-	for _, n := range names {
-		if string(n) == "-" {
+	names := make([]string, size)
+	pids := make([]int, size)
+	addrs := make([]uintptr, size)
+	inProcess := make([]bool, size) // ranks of this very process (tests)
+	for peer, v := range published {
+		f := strings.Fields(string(v))
+		if len(f) != 3 || f[2] == "-" {
 			unmapAll()
 			return nil, nil
 		}
+		pid, _ := strconv.Atoi(f[0])
+		addr, _ := strconv.ParseUint(f[1], 16, 64)
+		names[peer], pids[peer], addrs[peer], inProcess[peer] = f[2], pid, uintptr(addr), f[0] == self
 	}
 	ready := "1"
 	for peer, n := range names {
 		if peer == rank {
 			continue
 		}
-		if segs[peer], err = openSegment(string(n), shmSegmentSize(slot)); err != nil {
+		if segs[peer], err = openSegment(n, shmSegmentSize(slot, size)); err != nil {
 			log.Debug().Err(err).Int("peer", peer).Msg("cannot map a peer's shared memory; using sockets")
 			ready = "0"
 			break
 		}
+	}
+	if ready == "1" && singleCopy && canReadPeers(segs, pids, addrs, rank, slot, log) {
+		ready = "1c"
 	}
 	err = store.Set(ctx, shmReadyKeyPrefix+strconv.Itoa(rank), []byte(ready))
 	var readies [][]byte
@@ -185,17 +264,43 @@ func setupShm(ctx context.Context, store rendezvous.Store, rank, size, slot int,
 		unmapAll()
 		return nil, fmt.Errorf("collective: agree on shared memory: %w", err)
 	}
+	cma := true
 	for _, r := range readies {
-		if string(r) != "1" {
+		if !strings.HasPrefix(string(r), "1") {
 			unmapAll()
 			return nil, nil
 		}
+		cma = cma && string(r) == "1c"
 	}
-	s := &shmWorld{slot: slot, segs: segs, regions: make([]shmRegion, size), checked: make([]bool, size)}
+	s := &shmWorld{slot: slot, segs: segs, regions: make([]shmRegion, size), checked: make([]bool, size),
+		inProcess: inProcess, pids: pids, cma: cma}
 	for i, seg := range segs {
-		s.regions[i] = newShmRegion(seg.mem, slot)
+		s.regions[i] = newShmRegion(seg.mem, slot, size)
 	}
 	return s, nil
+}
+
+// canReadPeers reports whether this rank can read every peer's memory
+// with process_vm_readv: it reads each peer's magic word from the peer's
+// address space and compares it with what the peer's segment, mapped
+// here, holds.
+func canReadPeers(segs []*segment, pids []int, addrs []uintptr, rank, slot int, log zerolog.Logger) bool {
+	for peer, seg := range segs {
+		if peer == rank {
+			continue
+		}
+		var got [8]byte
+		err := readPeer(pids[peer], addrs[peer]+ctlMagic, got[:])
+		want := newShmRegion(seg.mem, slot, len(segs)).magic.Load()
+		if err == nil && binary.LittleEndian.Uint64(got[:]) != want {
+			err = errors.New("process_vm_readv read another word than the peer's segment holds")
+		}
+		if err != nil {
+			log.Debug().Err(err).Int("peer", peer).Msg("no single-copy reads between ranks; copying through shared memory")
+			return false
+		}
+	}
+	return true
 }
 
 // enter marks an op using the mappings; false once closing.
@@ -222,6 +327,7 @@ func (s *shmWorld) close() {
 		futexWake(r.written)
 		futexWake(r.reduced)
 		futexWake(r.consumed)
+		futexWake(r.published)
 	}
 	s.active.Wait()
 	for _, seg := range s.segs {
@@ -251,9 +357,9 @@ func (s *shmWorld) historyEntry(rank int, seq uint64) *[8]atomic.Uint64 {
 }
 
 // publish records the call this rank makes at h.seq, for peers to check
-// theirs against. Every call on the world publishes, whatever its
-// transport: a peer in a shared-memory op learns of our different call
-// only from here.
+// theirs against, and wakes peers waiting for it to arrive. Every call on
+// the world publishes, whatever its transport: a peer in a shared-memory
+// op learns of our different call only from here.
 func (s *shmWorld) publish(rank int, h *header) {
 	e := s.historyEntry(rank, h.seq)
 	var b [headerSize]byte
@@ -263,6 +369,7 @@ func (s *shmWorld) publish(rank int, h *header) {
 		e[1+i].Store(binary.LittleEndian.Uint64(b[8*i:]))
 	}
 	e[0].Store(h.seq)
+	s.signal(rank, s.regions[rank].published, uint32(h.seq))
 }
 
 // lookup returns the call rank published for seq, if it still holds it.

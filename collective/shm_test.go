@@ -119,14 +119,20 @@ func TestSharedMemoryOneRankOptsOut(t *testing.T) {
 	}))
 }
 
-// TestSharedMemoryBlocks runs both shared-memory algorithms with blocks
-// far smaller than the buffers, so that slots are reused many times and
-// blocks do not divide evenly among ranks.
+// TestSharedMemoryBlocks runs the shared-memory algorithms of every
+// collective with blocks far smaller than the buffers, so that slots are
+// reused many times and blocks do not divide evenly among ranks.
 func TestSharedMemoryBlocks(t *testing.T) {
-	for _, algo := range []string{"shm", "shm-flat"} {
+	for _, algo := range []string{"shm", "shm-flat", "shm/no-single-copy"} {
 		for _, n := range []int{2, 3, 4} {
 			t.Run(fmt.Sprintf("%s/world=%d", algo, n), func(t *testing.T) {
-				comms := testWorld(t, n, TCPOptions{algo: algo, shmSlot: 4 << 10})
+				name, variant, _ := strings.Cut(algo, "/")
+				comms := testWorld(t, n, TCPOptions{algo: name, shmSlot: 4 << 10, noSingleCopy: variant != ""})
+				if cma := comms[0].(*comm).t.shm.cma; variant == "" {
+					t.Logf("single-copy reads between ranks: %v", cma)
+				} else if cma {
+					t.Fatal("single-copy reads on when turned off")
+				}
 				seed := uint64(1000 * n)
 				for _, count := range []int{0, 1, 7, 1000, 65537} {
 					for _, p := range []struct {
@@ -136,6 +142,8 @@ func TestSharedMemoryBlocks(t *testing.T) {
 						seed++
 						checkReductions(t, comms, p.dt, p.op, count, seed)
 					}
+					checkMovement(t, comms, Float32, count, seed)
+					checkMovement(t, comms, Int8, count, seed)
 				}
 				// Calls over sockets in between keep the sequence numbers
 				// shared memory checks in step.
@@ -180,6 +188,55 @@ func TestSharedMemoryMismatchAcrossTransports(t *testing.T) {
 	for r, err := range errs {
 		if !errorsIsMismatch(err) || !strings.Contains(err.Error(), "all_gather") || !strings.Contains(err.Error(), "all_reduce") {
 			t.Errorf("rank %d: %v, want a mismatch naming both calls", r, err)
+		}
+	}
+}
+
+// TestSharedMemoryAllToAllPieces runs all_to_all with pieces of every
+// kind at once: empty, small (through the slots), and large ones, read
+// straight from the sender when single-copy reads are on, with slots far
+// smaller than the pieces.
+func TestSharedMemoryAllToAllPieces(t *testing.T) {
+	for _, single := range []bool{true, false} {
+		for _, n := range []int{2, 3, 4} {
+			t.Run(fmt.Sprintf("single-copy=%v/world=%d", single, n), func(t *testing.T) {
+				comms := testWorld(t, n, TCPOptions{shmSlot: 8 << 10, noSingleCopy: !single})
+				ctx := testContext(t, 20*time.Second)
+				// Rank i sends j a piece of pieces[(i+j)%len] float32s.
+				pieces := []int{0, 3, cmaMin/4 + 5, 100, 3 * cmaMin / 4, cmaMin/4 - 1}
+				count := func(from, to int) int { return pieces[(from+2*to)%len(pieces)] }
+				sent := make([][]byte, n)
+				got := make([][]byte, n)
+				for round := range 3 { // the piece tables of both parities, and reuse
+					mustAll(t, "all_to_all", onAll(comms, func(r int, c Comm) error {
+						sendCounts, recvCounts := make([]int, n), make([]int, n)
+						total := [2]int{}
+						for j := range n {
+							sendCounts[j], recvCounts[j] = count(r, j), count(j, r)
+							total[0] += sendCounts[j]
+							total[1] += recvCounts[j]
+						}
+						sent[r] = make([]byte, 4*total[0])
+						fill(sent[r], Float32, uint64(round), r)
+						got[r] = make([]byte, 4*total[1])
+						return c.AllToAll(ctx, got[r], sent[r], Float32, sendCounts, recvCounts)
+					}))
+					for r := range n {
+						off := 0
+						for j := range n {
+							from := 0
+							for k := range r {
+								from += 4 * count(j, k)
+							}
+							want := sent[j][from : from+4*count(j, r)]
+							if g := got[r][off : off+len(want)]; !slices.Equal(g, want) {
+								t.Fatalf("round %d: rank %d's piece from %d: %s", round, r, j, firstDiff(g, want))
+							}
+							off += len(want)
+						}
+					}
+				}
+			})
 		}
 	}
 }

@@ -8,16 +8,21 @@ import (
 )
 
 // Waiting for a peer's counter in shared memory. Ranks that keep pace
-// answer within a microsecond or two, so a waiter first polls; then it
-// gives its core away, since with more ranks than cores the peer may be
-// waiting for it; then it sleeps on a futex, which the peer's signal
-// wakes. A sleeper wakes every shmNap anyway to notice what no counter
-// shows: the communicator failed, the context ended, the peer's sockets
-// closed (it died), or the peer published a different call.
+// answer within a microsecond or two, so a waiter first polls the word
+// alone. Then it keeps polling for up to shmSpin, yielding the core
+// between looks: with more ranks than cores the peer may be waiting for
+// it, and a futex round trip (a system call to sleep, one to wake, and
+// the scheduler's delay between them) costs more than the blocks of a
+// pipelined collective take. Only then does it sleep on a futex, which
+// the peer's signal wakes. Every shmCheckEvery looks, and at least every
+// shmNap asleep, it notices what no counter shows: the communicator
+// failed, the context ended, the peer's sockets closed (it died), or the
+// peer published a different call.
 const (
-	shmPolls  = 500
-	shmYields = 8
-	shmNap    = 20 * time.Millisecond
+	shmPolls      = 2000
+	shmSpin       = 2 * time.Millisecond
+	shmCheckEvery = 32
+	shmNap        = 20 * time.Millisecond
 )
 
 // awaitShared waits until peer's counter word reaches stamp; current
@@ -32,22 +37,32 @@ func (o *op) awaitShared(peer int, word *atomic.Uint32, stamp uint32, current bo
 	region := &s.regions[o.c.world[peer]]
 	o.c.waitingOn.Store(int32(peer))
 	defer o.c.waitingOn.Store(-1)
-	for i := 0; ; i++ {
-		if err := o.checkPeerAlive(peer); err != nil {
-			return err
+	start := time.Now()
+	sleeping := false
+	for i := 1; ; i++ {
+		if sleeping || i%shmCheckEvery == 0 {
+			if err := o.checkPeerAlive(peer); err != nil {
+				return err
+			}
+			if err := o.checkSharedPeer(peer, false); err != nil {
+				return err
+			}
+			sleeping = sleeping || time.Since(start) >= shmSpin
 		}
-		if err := o.checkSharedPeer(peer, false); err != nil {
-			return err
-		}
-		if i < shmYields {
-			runtime.Gosched()
-			yieldProcessor()
-		} else {
+		if sleeping {
 			region.sleepers.Add(1)
 			if v := word.Load(); !reached(v, stamp) {
 				futexWait(word, v, shmNap)
 			}
 			region.sleepers.Add(^uint32(0)) // minus one
+		} else if s.inProcess[o.c.world[peer]] {
+			runtime.Gosched() // the peer is a goroutine
+		} else {
+			// Not runtime.Gosched: it wakes an idle P's thread to look
+			// for work, which on a machine with few cores takes one from
+			// a peer. The transport's goroutines run on the other Ps, or
+			// on this one once we sleep.
+			yieldProcessor()
 		}
 		if reached(word.Load(), stamp) {
 			return o.checkSharedPeer(peer, current)

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	goruntime "runtime"
 	"strconv"
 	"strings"
 	"sync"
@@ -50,6 +51,12 @@ const (
 	// socketBufferSize is asked of the kernel for both directions, so a
 	// pipelined segment or two fits in flight.
 	socketBufferSize = 4 << 20
+	// awaitSpin is how long an op spins for a frame before it parks
+	// (op.poll).
+	awaitSpin = 50 * time.Microsecond
+	// inlineWriteMax is the largest payload a sender writes itself rather
+	// than through the connection's writer goroutine (outConn.enqueue).
+	inlineWriteMax = 64 << 10
 	// cancelGrace is how long a failing op waits for a frame being read
 	// into, or written from, the caller's buffer before cutting that
 	// connection so the buffer is free when the call returns.
@@ -57,8 +64,12 @@ const (
 	// abortTimeout bounds telling the other ranks that an op failed.
 	abortTimeout = 5 * time.Second
 	// noteWait is how long a failing call waits for its abort notes to be
-	// written before it returns.
+	// written before it returns, and how long one waits for the note of a
+	// peer whose connection broke (op.awaitCause).
 	noteWait = time.Second
+	// unconnectedWait is how long a call waits for a note on connections
+	// other than the broken one's (op.awaitCause).
+	unconnectedWait = 100 * time.Millisecond
 )
 
 type transport struct {
@@ -70,6 +81,7 @@ type transport struct {
 	local      net.Listener // the Unix socket for same-host peers, or nil
 	hostID     string
 	shm        *shmWorld // the world's shared memory (shm.go), or nil; set before use
+	spin       bool      // ops spin briefly for frames (op.poll)
 
 	mu       sync.Mutex
 	closed   bool
@@ -119,6 +131,7 @@ func newTransport(ctx context.Context, store rendezvous.Store, rank, size int, h
 		queries:  make(map[uint64]chan statusReply),
 		handshak: make(map[net.Conn]bool),
 		done:     make(chan struct{}),
+		spin:     goruntime.GOMAXPROCS(0) > 1,
 	}
 	t.life, t.endLife = context.WithCancel(context.Background())
 	local := ""
@@ -563,13 +576,24 @@ type outConn struct {
 	peer int // world rank
 	conn net.Conn
 
-	mu    sync.Mutex
-	cond  sync.Cond // signalled when queue grows or err is set
-	queue []*sendReq
-	err   error // set once; queued and later sends fail with it
+	mu      sync.Mutex
+	cond    sync.Cond // signalled when queue grows, writing ends or err is set
+	queue   []*sendReq
+	writing bool  // a frame is being written, by the writer or inline (enqueue)
+	err     error // set once; queued and later sends fail with it
+
+	// The writer's batch and the inline write's frame; fields, so that
+	// they are not allocated per write.
+	bufs       net.Buffers
+	inline     [2][]byte
+	inlineBufs net.Buffers
 }
 
-// enqueue queues r; r finishes when its frame is written or cannot be.
+// enqueue sends r's frame; r finishes when it is written or cannot be.
+// A small frame with nothing ahead of it is written at once by the
+// caller: handing it to the writer goroutine would cost more than the
+// write (waking a goroutine, often a thread, on each side of a message).
+// Larger ones are queued, so that the op goes on while they drain.
 func (o *outConn) enqueue(r *sendReq) {
 	o.mu.Lock()
 	if err := o.err; err != nil {
@@ -577,9 +601,29 @@ func (o *outConn) enqueue(r *sendReq) {
 		r.finish(err)
 		return
 	}
-	o.queue = append(o.queue, r)
+	if o.writing || len(o.queue) > 0 || len(r.payload) > inlineWriteMax {
+		o.queue = append(o.queue, r)
+		o.mu.Unlock()
+		o.cond.Signal()
+		return
+	}
+	o.writing = true
 	o.mu.Unlock()
-	o.cond.Signal()
+	o.inline[0], o.inline[1] = r.hdr[:], r.payload
+	o.inlineBufs = o.inline[:]
+	_, err := o.inlineBufs.WriteTo(o.conn)
+	o.inline[1] = nil // drop the reference to the caller's buffer
+	r.finish(err)
+	o.mu.Lock()
+	o.writing = false
+	more := len(o.queue) > 0
+	o.mu.Unlock()
+	if more {
+		o.cond.Signal()
+	}
+	if err != nil {
+		o.t.lostOutgoing(o.peer, err)
+	}
 }
 
 // write sends whatever is queued, all of it in one writev, until fail.
@@ -589,7 +633,7 @@ func (o *outConn) write() {
 	var iov [][]byte
 	for {
 		o.mu.Lock()
-		for len(o.queue) == 0 && o.err == nil {
+		for (len(o.queue) == 0 || o.writing) && o.err == nil {
 			o.cond.Wait()
 		}
 		if err := o.err; err != nil {
@@ -604,6 +648,7 @@ func (o *outConn) write() {
 		batch = append(batch[:0], o.queue...)
 		clear(o.queue)
 		o.queue = o.queue[:0]
+		o.writing = true
 		o.mu.Unlock()
 
 		iov = iov[:0]
@@ -616,13 +661,16 @@ func (o *outConn) write() {
 				iov = append(iov, r.payload)
 			}
 		}
-		bufs := net.Buffers(iov)
-		_, err := bufs.WriteTo(o.conn)
+		o.bufs = iov
+		_, err := o.bufs.WriteTo(o.conn)
 		clear(iov) // drop references to callers' buffers
 		for _, r := range batch {
 			r.finish(err)
 		}
 		clear(batch)
+		o.mu.Lock()
+		o.writing = false
+		o.mu.Unlock()
 		if err != nil {
 			o.t.lostOutgoing(o.peer, err)
 		}

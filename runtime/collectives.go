@@ -27,7 +27,7 @@ func (pg *ProcessGroup) Broadcast(ctx context.Context, t Tensor, root int) error
 
 // BroadcastAsync is the asynchronous form of Broadcast.
 func (pg *ProcessGroup) BroadcastAsync(t Tensor, root int) *Work {
-	return pg.broadcast(context.Background(), t, root)
+	return pg.broadcast(detached, t, root)
 }
 
 func (pg *ProcessGroup) broadcast(ctx context.Context, t Tensor, root int) *Work {
@@ -47,7 +47,7 @@ func (pg *ProcessGroup) AllReduce(ctx context.Context, t Tensor, op ReduceOp) er
 
 // AllReduceAsync is the asynchronous form of AllReduce.
 func (pg *ProcessGroup) AllReduceAsync(t Tensor, op ReduceOp) *Work {
-	return pg.allReduce(context.Background(), t, op)
+	return pg.allReduce(detached, t, op)
 }
 
 func (pg *ProcessGroup) allReduce(ctx context.Context, t Tensor, op ReduceOp) *Work {
@@ -67,7 +67,7 @@ func (pg *ProcessGroup) Reduce(ctx context.Context, t Tensor, root int, op Reduc
 
 // ReduceAsync is the asynchronous form of Reduce.
 func (pg *ProcessGroup) ReduceAsync(t Tensor, root int, op ReduceOp) *Work {
-	return pg.reduce(context.Background(), t, root, op)
+	return pg.reduce(detached, t, root, op)
 }
 
 func (pg *ProcessGroup) reduce(ctx context.Context, t Tensor, root int, op ReduceOp) *Work {
@@ -87,7 +87,7 @@ func (pg *ProcessGroup) AllGather(ctx context.Context, out []Tensor, in Tensor) 
 
 // AllGatherAsync is the asynchronous form of AllGather.
 func (pg *ProcessGroup) AllGatherAsync(out []Tensor, in Tensor) *Work {
-	return pg.allGather(context.Background(), out, in)
+	return pg.allGather(detached, out, in)
 }
 
 func (pg *ProcessGroup) allGather(ctx context.Context, out []Tensor, in Tensor) *Work {
@@ -123,7 +123,7 @@ func (pg *ProcessGroup) AllGatherInto(ctx context.Context, out, in Tensor) error
 
 // AllGatherIntoAsync is the asynchronous form of AllGatherInto.
 func (pg *ProcessGroup) AllGatherIntoAsync(out, in Tensor) *Work {
-	return pg.allGatherInto(context.Background(), out, in)
+	return pg.allGatherInto(detached, out, in)
 }
 
 func (pg *ProcessGroup) allGatherInto(ctx context.Context, out, in Tensor) *Work {
@@ -146,7 +146,7 @@ func (pg *ProcessGroup) Gather(ctx context.Context, out []Tensor, in Tensor, roo
 
 // GatherAsync is the asynchronous form of Gather.
 func (pg *ProcessGroup) GatherAsync(out []Tensor, in Tensor, root int) *Work {
-	return pg.gather(context.Background(), out, in, root)
+	return pg.gather(detached, out, in, root)
 }
 
 func (pg *ProcessGroup) gather(ctx context.Context, out []Tensor, in Tensor, root int) *Work {
@@ -193,7 +193,7 @@ func (pg *ProcessGroup) Scatter(ctx context.Context, out Tensor, in []Tensor, ro
 
 // ScatterAsync is the asynchronous form of Scatter.
 func (pg *ProcessGroup) ScatterAsync(out Tensor, in []Tensor, root int) *Work {
-	return pg.scatter(context.Background(), out, in, root)
+	return pg.scatter(detached, out, in, root)
 }
 
 func (pg *ProcessGroup) scatter(ctx context.Context, out Tensor, in []Tensor, root int) *Work {
@@ -237,7 +237,7 @@ func (pg *ProcessGroup) ReduceScatter(ctx context.Context, out Tensor, in []Tens
 
 // ReduceScatterAsync is the asynchronous form of ReduceScatter.
 func (pg *ProcessGroup) ReduceScatterAsync(out Tensor, in []Tensor, op ReduceOp) *Work {
-	return pg.reduceScatter(context.Background(), out, in, op)
+	return pg.reduceScatter(detached, out, in, op)
 }
 
 func (pg *ProcessGroup) reduceScatter(ctx context.Context, out Tensor, in []Tensor, op ReduceOp) *Work {
@@ -284,7 +284,7 @@ func (pg *ProcessGroup) ReduceScatterFrom(ctx context.Context, out, in Tensor, o
 
 // ReduceScatterFromAsync is the asynchronous form of ReduceScatterFrom.
 func (pg *ProcessGroup) ReduceScatterFromAsync(out, in Tensor, op ReduceOp) *Work {
-	return pg.reduceScatterFrom(context.Background(), out, in, op)
+	return pg.reduceScatterFrom(detached, out, in, op)
 }
 
 func (pg *ProcessGroup) reduceScatterFrom(ctx context.Context, out, in Tensor, op ReduceOp) *Work {
@@ -309,7 +309,7 @@ func (pg *ProcessGroup) AllToAll(ctx context.Context, out, in []Tensor) error {
 
 // AllToAllAsync is the asynchronous form of AllToAll.
 func (pg *ProcessGroup) AllToAllAsync(out, in []Tensor) *Work {
-	return pg.allToAll(context.Background(), out, in)
+	return pg.allToAll(detached, out, in)
 }
 
 func (pg *ProcessGroup) allToAll(ctx context.Context, out, in []Tensor) *Work {
@@ -348,7 +348,7 @@ func (pg *ProcessGroup) AllToAllSingle(ctx context.Context, out, in Tensor, outS
 
 // AllToAllSingleAsync is the asynchronous form of AllToAllSingle.
 func (pg *ProcessGroup) AllToAllSingleAsync(out, in Tensor, outSplits, inSplits []int) *Work {
-	return pg.allToAllSingle(context.Background(), out, in, outSplits, inSplits)
+	return pg.allToAllSingle(detached, out, in, outSplits, inSplits)
 }
 
 func (pg *ProcessGroup) allToAllSingle(ctx context.Context, out, in Tensor, outSplits, inSplits []int) *Work {
@@ -379,7 +379,7 @@ func (pg *ProcessGroup) Barrier(ctx context.Context) error {
 
 // BarrierAsync is the asynchronous form of Barrier.
 func (pg *ProcessGroup) BarrierAsync() *Work {
-	return pg.barrier(context.Background())
+	return pg.barrier(detached)
 }
 
 func (pg *ProcessGroup) barrier(ctx context.Context) *Work {

@@ -19,7 +19,16 @@ type Work struct {
 
 	err    error
 	source int
+
+	// exec is the queue w was submitted to, from which Wait may take w
+	// to run it itself (see Wait).
+	exec *executor
 }
+
+// detached is the context of the asynchronous forms' operations: never
+// done, and not any caller's, so that the queue can tell an operation
+// nobody waits for yet from a blocking call's, which waits at once.
+var detached = context.WithoutCancel(context.Background())
 
 func newWork(ctx context.Context, op string, run func(context.Context) error) *Work {
 	return &Work{op: op, ctx: ctx, run: run, done: make(chan struct{}), source: -1}
@@ -40,6 +49,18 @@ func (w *Work) Wait(ctx context.Context) error {
 	case <-w.done:
 		return w.err
 	default:
+	}
+	if e := w.exec; e != nil {
+		// Waiting with the operation's own context, when nothing runs
+		// ahead of it, the caller runs it on its own goroutine, which is
+		// what a blocking call does: it saves two goroutine handoffs, most
+		// of a small collective's time, and changes nothing the caller can
+		// observe. Otherwise the queue's goroutine runs it.
+		if e.claim(w, ctx) {
+			e.runClaimed(w)
+			return w.err
+		}
+		e.signal() // submit may have left it to us
 	}
 	select {
 	case <-w.done:
@@ -103,12 +124,8 @@ func (s scope) execute(w *Work) {
 		w.finish(ErrClosed)
 		return
 	}
-	ctx, cancel := context.WithCancelCause(w.ctx)
-	defer cancel(nil)
-	stop := context.AfterFunc(s.life, func() { cancel(ErrClosed) })
-	defer stop()
-	ctx, cancelTimeout := context.WithTimeout(ctx, cmp.Or(w.timeout, s.timeout))
-	defer cancelTimeout()
+	ctx, release := s.operationContext(w)
+	defer release()
 
 	err := w.run(ctx)
 	if err != nil && s.life.Err() != nil {
@@ -122,6 +139,28 @@ func (s scope) execute(w *Work) {
 	w.finish(err)
 }
 
+// operationContext returns w's context: done when the caller's is, with
+// the caller's error and cause; when the group closes, with cause
+// ErrClosed; or at the timeout, with DeadlineExceeded.
+func (s scope) operationContext(w *Work) (context.Context, func()) {
+	timeout := cmp.Or(w.timeout, s.timeout)
+	if w.ctx == context.Background() || w.ctx == detached {
+		// A caller's context that never ends and holds no values adds
+		// nothing: one context under the group's lifetime (which ends
+		// with cause ErrClosed) does, for a third of the cost of the
+		// layers below, most of a small collective's overhead.
+		return context.WithTimeout(s.life, timeout)
+	}
+	ctx, cancel := context.WithCancelCause(w.ctx)
+	stop := context.AfterFunc(s.life, func() { cancel(ErrClosed) })
+	ctx, cancelTimeout := context.WithTimeout(ctx, timeout)
+	return ctx, func() {
+		cancelTimeout()
+		stop()
+		cancel(nil)
+	}
+}
+
 // executor runs a group's collectives one at a time, in the order they
 // were submitted, on one goroutine, as ProcessGroupGloo's worker thread
 // does. The order is what keeps ranks in step: every rank submits the
@@ -130,9 +169,10 @@ func (s scope) execute(w *Work) {
 type executor struct {
 	scope scope
 
-	mu     sync.Mutex
-	queue  []*Work
-	closed bool
+	mu      sync.Mutex
+	queue   []*Work
+	closed  bool
+	running bool // a work is running, on loop's goroutine or on a waiter's
 
 	wake chan struct{} // capacity 1: the queue or closed changed
 	done chan struct{} // closed by loop when it returns
@@ -144,7 +184,11 @@ func newExecutor(s scope) *executor {
 	return e
 }
 
-// submit queues w; after close it fails w with ErrClosed.
+// submit queues w; after close it fails w with ErrClosed. It wakes the
+// queue's goroutine, unless w is a blocking call's (not detached) with
+// nothing ahead of it: its caller's Wait runs it, and waking a goroutine
+// that finds nothing to do costs a small collective a good part of its
+// time on a machine with few cores.
 func (e *executor) submit(w *Work) *Work {
 	e.mu.Lock()
 	if e.closed {
@@ -152,10 +196,52 @@ func (e *executor) submit(w *Work) *Work {
 		w.finish(ErrClosed)
 		return w
 	}
+	w.exec = e
 	e.queue = append(e.queue, w)
+	callerRuns := len(e.queue) == 1 && !e.running && w.ctx != detached
 	e.mu.Unlock()
-	e.signal()
+	if !callerRuns {
+		e.signal()
+	}
 	return w
+}
+
+// claim takes w off the queue for a caller waiting with ctx to run with
+// runClaimed, if ctx is w's own, w is next and nothing is running. (w.ctx
+// may be read here: a queued work is not finishing.)
+func (e *executor) claim(w *Work, ctx context.Context) bool {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.running || len(e.queue) == 0 || e.queue[0] != w || ctx != w.ctx {
+		return false
+	}
+	e.pop()
+	e.running = true
+	return true
+}
+
+// pop removes the queue's first work, shifting the rest down rather than
+// reslicing, so that the queue keeps its capacity and submitting to an
+// emptied queue allocates nothing.
+func (e *executor) pop() *Work {
+	w := e.queue[0]
+	n := copy(e.queue, e.queue[1:])
+	e.queue[n] = nil
+	e.queue = e.queue[:n]
+	return w
+}
+
+// runClaimed runs a claimed work, then hands what is queued behind it
+// back to loop.
+func (e *executor) runClaimed(w *Work) {
+	e.scope.execute(w)
+	e.mu.Lock()
+	e.running = false
+	more := len(e.queue) > 0 || e.closed
+	e.mu.Unlock()
+	if more {
+		e.signal()
+	}
 }
 
 func (e *executor) signal() {
@@ -165,26 +251,29 @@ func (e *executor) signal() {
 	}
 }
 
-// loop runs queued works until close; it owns nothing but the work it has
-// taken off the queue.
+// loop runs queued works until close, one at a time, none while a
+// waiter runs one it claimed; it owns nothing but the work it has taken
+// off the queue. It returns once closed and no work runs anywhere.
 func (e *executor) loop() {
 	defer close(e.done)
 	for {
 		e.mu.Lock()
-		if len(e.queue) == 0 {
-			closed := e.closed
+		if len(e.queue) == 0 || e.running {
+			stop := e.closed && !e.running
 			e.mu.Unlock()
-			if closed {
+			if stop {
 				return
 			}
 			<-e.wake
 			continue
 		}
-		w := e.queue[0]
-		e.queue[0] = nil
-		e.queue = e.queue[1:]
+		w := e.pop()
+		e.running = true
 		e.mu.Unlock()
 		e.scope.execute(w)
+		e.mu.Lock()
+		e.running = false
+		e.mu.Unlock()
 	}
 }
 

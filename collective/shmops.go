@@ -1,0 +1,151 @@
+package collective
+
+// The steps every shared-memory collective is made of. A collective runs
+// as blocks; block stamps count blocks across the world's calls, so every
+// rank must run as many blocks per call as the others (they derive the
+// number from the call's shape, which the published headers check).
+// Block g uses slot g%2 of every rank that writes in it; a writer first
+// waits until every peer has consumed block g-2, which last used that
+// slot. Each rank then says what it did with its counters:
+//
+//   - written: its slot holds its data for block g (writers only);
+//   - reduced: its chunk of block g is reduced, in its slot (all_reduce
+//     and reduce);
+//   - consumed: it has read all it reads of block g from the peers'
+//     slots. Every rank signals every block, reader or not, since the
+//     next writer of the slot waits for all.
+//
+// A rank checks the call of each peer it waits for against its own (see
+// checkSharedPeer), and before returning waits until every peer it did
+// not wait for has published this call too, and checks it: the ranks of
+// a broadcast only wait for the root, so two ranks that each think they
+// are the root would otherwise never meet. No rank can thus leave a call
+// before every other has entered it.
+
+// runShared runs body, a collective's blocks, in shared memory.
+func (o *op) runShared(body func(s *shmWorld) error) error {
+	s := o.c.t.shm
+	if !s.enter() {
+		return ErrClosed
+	}
+	defer s.exit()
+	clear(s.checked)
+	s.checked[o.c.rank] = true
+	if err := body(s); err != nil {
+		return err
+	}
+	return o.awaitArrivals()
+}
+
+// next returns the stamp of the call's next block.
+func (s *shmWorld) next() uint32 {
+	s.stamp++
+	return s.stamp
+}
+
+// self is this rank's region.
+func (o *op) self() *shmRegion { return &o.c.t.shm.regions[o.c.world[o.c.rank]] }
+
+// region is peer's region.
+func (o *op) region(peer int) *shmRegion { return &o.c.t.shm.regions[o.c.world[peer]] }
+
+// slotOf is the slot peer uses for block g.
+func (o *op) slotOf(peer int, g uint32) []byte { return o.region(peer).slots[g%2] }
+
+// claimSlot returns our slot for block g once every peer is done with
+// the block that used it before.
+func (o *op) claimSlot(g uint32) ([]byte, error) {
+	for peer := range o.c.size() {
+		if peer != o.c.rank {
+			if err := o.awaitShared(peer, o.region(peer).consumed, g-2, false); err != nil {
+				return nil, err
+			}
+		}
+	}
+	return o.self().slots[g%2], nil
+}
+
+// awaitWritten waits until peer's slot holds its data for block g.
+func (o *op) awaitWritten(peer int, g uint32) error {
+	return o.awaitShared(peer, o.region(peer).written, g, true)
+}
+
+// awaitReduced waits until peer's slot holds its reduced chunk of block g.
+func (o *op) awaitReduced(peer int, g uint32) error {
+	return o.awaitShared(peer, o.region(peer).reduced, g, true)
+}
+
+func (o *op) signalWritten(g uint32) {
+	o.c.t.shm.signal(o.c.world[o.c.rank], o.self().written, g)
+}
+
+func (o *op) signalReduced(g uint32) {
+	o.c.t.shm.signal(o.c.world[o.c.rank], o.self().reduced, g)
+}
+
+func (o *op) signalConsumed(g uint32) {
+	o.c.t.shm.signal(o.c.world[o.c.rank], o.self().consumed, g)
+}
+
+// awaitArrivals waits until every peer not checked yet has published this
+// call, and checks it.
+func (o *op) awaitArrivals() error {
+	s := o.c.t.shm
+	for peer := range o.c.size() {
+		if !s.checked[peer] {
+			if err := o.awaitShared(peer, o.region(peer).published, uint32(o.hdr.seq), true); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// evenSpan is part i of count elements of size bytes cut into parts
+// near-equal ranges, the first count%parts one element longer: what
+// evenSpans(count, size, parts)[i] is, without the slice.
+func evenSpan(count, size, parts, i int) span {
+	q, r := count/parts, count%parts
+	off := i*q + min(i, r)
+	n := q
+	if i < r {
+		n++
+	}
+	return span{off * size, n * size}
+}
+
+// subSlot is the bytes of each of the n parts of a slot that holds one
+// piece per rank: a multiple of 64, so pieces start on cache lines and
+// hold whole elements of every type.
+func subSlot(slot, n int) int { return max(slot/n&^63, 64) }
+
+// window is the part of s that round k of pieces of size sub carries,
+// empty once s is used up.
+func window(s span, k, sub int) span {
+	lo := min(k*sub, s.len)
+	return span{s.off + lo, min(sub, s.len-lo)}
+}
+
+// ceilDiv is a/b rounded up, for a >= 0 and b > 0.
+func ceilDiv(a, b int) int { return (a + b - 1) / b }
+
+// orderAfter returns the i-th peer after rank me among n ranks, so that
+// ranks start reading from different peers.
+func orderAfter(me, n, i int) int { return (me + 1 + i) % n }
+
+// copyPiece bounds the bytes of one memmove in shared-memory algorithms.
+// Go's memmove switches to non-temporal stores from 1 MiB on, which send
+// the data past the caches to memory: right for a copy nobody reads
+// soon, wrong for a slot a peer reads next.
+const copyPiece = 512 << 10
+
+// copyCached copies src into dst (as copy does) in pieces that memmove
+// keeps in the caches, and returns the bytes copied.
+func copyCached(dst, src []byte) int {
+	n := min(len(dst), len(src))
+	for lo := 0; lo < n; lo += copyPiece {
+		hi := min(lo+copyPiece, n)
+		copy(dst[lo:hi], src[lo:hi])
+	}
+	return n
+}
