@@ -46,7 +46,7 @@ func (o *op) broadcastShared(buf []byte, root int) error {
 // out, or only root's when root is not -1 (gather).
 func (o *op) allGatherShared(out, in []byte, root int) error {
 	n, me, size := o.c.size(), o.c.rank, len(in)
-	if root < 0 && o.c.t.shm.cma && size >= cmaMin && n <= allGatherSingleCopyMaxRanks {
+	if root < 0 && o.c.t.shm.cma && size >= cmaMin && n <= singleCopyMaxRanks {
 		return o.allGatherSingleCopy(out, in)
 	}
 	receives := root < 0 || root == me
@@ -258,12 +258,15 @@ const (
 	// cmaMin is the smallest piece read straight from a peer's memory:
 	// below it, the system call's cost exceeds the copy it saves.
 	cmaMin = 64 << 10
-	// allGatherSingleCopyMaxRanks bounds the worlds whose all_gather reads
-	// peers' memory: a rank's copy into its slot serves n-1 readers, and
-	// the kernel copies slower than memmove, so with more ranks the slots
-	// win (16 MiB on 4 ranks: 3.4 ms through slots, 4.2 ms by single-copy
-	// reads; on 2 ranks 2.0 ms and 1.6 ms).
-	allGatherSingleCopyMaxRanks = 3
+	// singleCopyMaxRanks bounds the worlds whose all_gather reads peers'
+	// memory: a copy into a slot serves n-1 readers, and the kernel copies
+	// slower than memmove, so with more ranks the slots win (16 MiB on 4
+	// ranks: 3.4 ms through slots, 4.2 ms by single-copy reads; on 2 ranks
+	// 2.0 ms and 1.6 ms). Broadcast never reads peers' memory: its one
+	// reader on 2 ranks takes longer to read the root's buffer than the
+	// two overlapped copies through the slots (16 MiB: 1.7 ms against
+	// 1.3 ms).
+	singleCopyMaxRanks = 3
 )
 
 // addressOf is the address of b's first byte in this process, for peers

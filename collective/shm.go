@@ -372,6 +372,12 @@ func (s *shmWorld) publish(rank int, h *header) {
 	s.signal(rank, s.regions[rank].published, uint32(h.seq))
 }
 
+// movedOn reports whether rank has published so many calls after seq
+// that its entry for seq is gone.
+func (s *shmWorld) movedOn(rank int, seq uint64) bool {
+	return int32(s.regions[rank].published.Load()-uint32(seq)) >= shmHistory
+}
+
 // lookup returns the call rank published for seq, if it still holds it.
 func (s *shmWorld) lookup(rank int, seq uint64) (header, bool) {
 	e := s.historyEntry(rank, seq)

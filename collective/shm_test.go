@@ -240,3 +240,43 @@ func TestSharedMemoryAllToAllPieces(t *testing.T) {
 		}
 	}
 }
+
+// TestSharedMemoryPeerMovedOn: a peer that signalled our block and then
+// ran shmHistory calls ahead (socket calls that wait for nobody, as a
+// broadcast root's when GORUN_ALGO forces a tree) has overwritten its
+// entry for our call; that is no mismatch. A different call in the entry
+// still is.
+func TestSharedMemoryPeerMovedOn(t *testing.T) {
+	comms := testWorld(t, 2, TCPOptions{})
+	c0, c1 := comms[0].(*comm), comms[1].(*comm)
+	s := c0.t.shm
+	const seq = 40
+	call := header{kind: kindData, comm: worldID, coll: collBarrier, algo: algoShmFlat, seq: seq}
+	o := &op{}
+	o.reset(c1, testContext(t, 5*time.Second), call)
+	check := func() error {
+		c1.t.shm.checked[0] = false
+		return o.checkSharedPeer(0, true)
+	}
+
+	other := call
+	other.coll = collAllReduce
+	s.publish(0, &other)
+	if err := check(); !errorsIsMismatch(err) {
+		t.Fatalf("a different call at seq %d: %v, want a mismatch", seq, err)
+	}
+	for i := uint64(1); i < shmHistory; i++ {
+		later := call
+		later.seq = seq + i
+		s.publish(0, &later)
+	}
+	if err := check(); !errorsIsMismatch(err) {
+		t.Fatalf("a different call at seq %d, the peer %d calls ahead: %v, want a mismatch", seq, shmHistory-1, err)
+	}
+	later := call
+	later.seq = seq + shmHistory
+	s.publish(0, &later)
+	if err := check(); err != nil {
+		t.Fatalf("peer %d calls ahead: %v, want no error", shmHistory, err)
+	}
+}

@@ -103,6 +103,13 @@ func (o *op) checkSharedPeer(peer int, arrived bool) error {
 		e := &MismatchError{Viewer: o.c.rank, RankA: o.c.rank, RankB: peer, hdrA: o.hdr, hdrB: theirs}
 		e.fill()
 		return e
+	case arrived && s.movedOn(o.c.world[peer], o.hdr.seq):
+		// The peer has published shmHistory calls since, overwriting this
+		// one's entry: it signalled our block, then went on with calls
+		// that need nobody (a broadcast root's over sockets, which
+		// GORUN_ALGO can force). Those calls' frames are checked on the
+		// sockets; this one can no longer be.
+		s.checked[peer] = true
 	case arrived:
 		return &PeerError{Rank: peer, Op: o.label(), Err: fmt.Errorf("%w: it signalled data in shared memory for another call", ErrMismatch)}
 	}
