@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"strings"
 	"testing"
+	"time"
 )
 
 func TestSendRecv(t *testing.T) {
@@ -129,5 +130,22 @@ func TestPointToPointValidation(t *testing.T) {
 			}
 		}
 		return nil
+	})
+}
+
+// A message sent is delivered even when its sender closes at once, before
+// the receiver asks for it, as over any socket.
+func TestSendThenCloseIsDelivered(t *testing.T) {
+	onTCPRanks(t, 2, func(pg *ProcessGroup) error {
+		ctx := t.Context()
+		if pg.Rank() == 0 {
+			return pg.Send(ctx, Of([]int64{42}), 1, 0) // then runRanks closes pg
+		}
+		time.Sleep(300 * time.Millisecond)
+		got := []int64{0}
+		if _, err := pg.Recv(ctx, Of(got), 0, 0); err != nil {
+			return err
+		}
+		return expect("message", got, []int64{42})
 	})
 }
