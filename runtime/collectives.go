@@ -13,6 +13,12 @@ import (
 // form returns its Work at once, and the tensors must be left alone until
 // the Work completes.
 //
+// The blocking forms of the small, latency-bound collectives on host
+// tensors first try runInline, which runs their host form on the
+// caller's goroutine when nothing is queued, allocating nothing; they
+// repeat the host form for it, as a closure the queue keeps must be
+// allocated, and one runInline calls need not be.
+//
 // The implementation gives the operation's host form, on the group's
 // host communicator, and its device form, on the group's NCCL
 // communicator (see tensorOp). NCCL's forms mirror torch's: a list of
@@ -22,6 +28,11 @@ import (
 
 // Broadcast copies root's t into every rank's t.
 func (pg *ProcessGroup) Broadcast(ctx context.Context, t Tensor, root int) error {
+	if ran, err := pg.runInline(ctx, "broadcast", t.OnDevice(),
+		func() error { return pg.checkRank("root", root) },
+		func(ctx context.Context) error { return pg.comm.Broadcast(ctx, t.data, t.dtype, root) }); ran {
+		return err
+	}
 	return pg.broadcast(ctx, t, root).Wait(ctx)
 }
 
@@ -42,6 +53,11 @@ func (pg *ProcessGroup) broadcast(ctx context.Context, t Tensor, root int) *Work
 // AllReduce reduces t across the group with op, leaving the result,
 // bitwise identical, in every rank's t.
 func (pg *ProcessGroup) AllReduce(ctx context.Context, t Tensor, op ReduceOp) error {
+	if ran, err := pg.runInline(ctx, "all_reduce", t.OnDevice(),
+		func() error { return checkReduce(t.dtype, op) },
+		func(ctx context.Context) error { return pg.comm.AllReduce(ctx, t.data, t.dtype, op) }); ran {
+		return err
+	}
 	return pg.allReduce(ctx, t, op).Wait(ctx)
 }
 
@@ -62,6 +78,11 @@ func (pg *ProcessGroup) allReduce(ctx context.Context, t Tensor, op ReduceOp) *W
 // Reduce reduces t across the group with op into root's t; the other
 // ranks' t are left unspecified.
 func (pg *ProcessGroup) Reduce(ctx context.Context, t Tensor, root int, op ReduceOp) error {
+	if ran, err := pg.runInline(ctx, "reduce", t.OnDevice(),
+		func() error { return firstError(pg.checkRank("root", root), checkReduce(t.dtype, op)) },
+		func(ctx context.Context) error { return pg.comm.Reduce(ctx, t.data, t.dtype, op, root) }); ran {
+		return err
+	}
 	return pg.reduce(ctx, t, root, op).Wait(ctx)
 }
 
@@ -118,6 +139,13 @@ func (pg *ProcessGroup) allGather(ctx context.Context, out []Tensor, in Tensor) 
 // elements [i*n, (i+1)*n) of out, n being in's length (torch's
 // all_gather_into_tensor). It copies nothing on the way.
 func (pg *ProcessGroup) AllGatherInto(ctx context.Context, out, in Tensor) error {
+	if ran, err := pg.runInline(ctx, "all_gather_into_tensor", out.OnDevice() || in.OnDevice(),
+		func() error {
+			return firstError(checkDType("out", out, in.dtype), checkLen("out", out, pg.Size()*in.Len()))
+		},
+		func(ctx context.Context) error { return pg.comm.AllGather(ctx, out.data, in.data, in.dtype) }); ran {
+		return err
+	}
 	return pg.allGatherInto(ctx, out, in).Wait(ctx)
 }
 
@@ -374,6 +402,10 @@ func (pg *ProcessGroup) allToAllSingle(ctx context.Context, out, in Tensor, outS
 
 // Barrier returns once every rank of the group has entered it.
 func (pg *ProcessGroup) Barrier(ctx context.Context) error {
+	if ran, err := pg.runInline(ctx, "barrier", false, nil,
+		func(ctx context.Context) error { return pg.comm.Barrier(ctx) }); ran {
+		return err
+	}
 	return pg.barrier(ctx).Wait(ctx)
 }
 

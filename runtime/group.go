@@ -261,6 +261,22 @@ func (pg *ProcessGroup) collective(ctx context.Context, op string, check func() 
 	return pg.exec.submit(newWork(ctx, op, run))
 }
 
+// runInline runs a blocking collective's host form, run, on the
+// caller's goroutine, when its tensors are on the host (onDevice false),
+// check accepts its arguments and nothing is queued on the group (see
+// executor.runInline); it reports whether it did. Otherwise the caller
+// queues the operation, which fails there as it would have here.
+func (pg *ProcessGroup) runInline(ctx context.Context, op string, onDevice bool, check func() error, run func(context.Context) error) (bool, error) {
+	if onDevice || pg.admit(check) != nil {
+		return false, nil
+	}
+	ran, err := pg.exec.runInline(ctx, run)
+	if err != nil {
+		err = &OpError{Op: op, Err: err}
+	}
+	return ran, err
+}
+
 // admit refuses an operation of a non-member with ErrNotMember, and one
 // whose check fails with the check's error.
 func (pg *ProcessGroup) admit(check func() error) error {

@@ -24,7 +24,7 @@ func onRanks(t *testing.T, n int, body func(pg *ProcessGroup) error, opts ...Opt
 }
 
 // onTCPRanks is onRanks on the TCP backend, over the loopback interface.
-func onTCPRanks(t *testing.T, n int, body func(pg *ProcessGroup) error, opts ...Option) {
+func onTCPRanks(t testing.TB, n int, body func(pg *ProcessGroup) error, opts ...Option) {
 	t.Helper()
 	store := rendezvous.NewMemoryStore(0)
 	runRanks(t, n, body, func(int) []Option {
@@ -34,7 +34,7 @@ func onTCPRanks(t *testing.T, n int, body func(pg *ProcessGroup) error, opts ...
 
 // runRanks runs body on n ranks, each in its own goroutine, after Init
 // with optionsOf(rank), and fails the test with each rank's error.
-func runRanks(t *testing.T, n int, body func(pg *ProcessGroup) error, optionsOf func(rank int) []Option) {
+func runRanks(t testing.TB, n int, body func(pg *ProcessGroup) error, optionsOf func(rank int) []Option) {
 	t.Helper()
 	errs := make([]error, n)
 	var wg sync.WaitGroup

@@ -120,14 +120,28 @@ type scope struct {
 // timeout (or its own) counted from the operation's start, so that time
 // spent queued behind a slow operation is not charged to the next one.
 func (s scope) execute(w *Work) {
-	if s.life.Err() != nil {
-		w.finish(ErrClosed)
-		return
-	}
-	ctx, release := s.operationContext(w)
-	defer release()
+	w.finish(s.perform(w.ctx, cmp.Or(w.timeout, s.timeout), nil, w.run))
+}
 
-	err := w.run(ctx)
+// perform runs an operation of the caller's ctx within the scope: under
+// reused, when given and ctx can never end (see opContext), else under a
+// context of its own. It counts the operation's success and returns the
+// cause of its failure.
+func (s scope) perform(ctx context.Context, timeout time.Duration, reused *opContext, run func(context.Context) error) error {
+	if s.life.Err() != nil {
+		return ErrClosed
+	}
+	var err error
+	if reused != nil && ctx.Done() == nil {
+		if err = reused.start(ctx, timeout); err == nil {
+			err = run(reused)
+			reused.stop()
+		}
+	} else {
+		opCtx, release := s.operationContext(ctx, timeout)
+		err = run(opCtx)
+		release()
+	}
 	if err != nil && s.life.Err() != nil {
 		// The backend's error for an operation cut short by Close says
 		// less than ours.
@@ -136,22 +150,21 @@ func (s scope) execute(w *Work) {
 	if err == nil {
 		s.progress.add()
 	}
-	w.finish(err)
+	return err
 }
 
-// operationContext returns w's context: done when the caller's is, with
-// the caller's error and cause; when the group closes, with cause
-// ErrClosed; or at the timeout, with DeadlineExceeded.
-func (s scope) operationContext(w *Work) (context.Context, func()) {
-	timeout := cmp.Or(w.timeout, s.timeout)
-	if w.ctx == context.Background() || w.ctx == detached {
+// operationContext returns the context of an operation of the caller's
+// ctx: done when ctx is, with its error and cause; when the group closes,
+// with cause ErrClosed; or at the timeout, with DeadlineExceeded.
+func (s scope) operationContext(ctx context.Context, timeout time.Duration) (context.Context, func()) {
+	if ctx == context.Background() || ctx == detached {
 		// A caller's context that never ends and holds no values adds
 		// nothing: one context under the group's lifetime (which ends
 		// with cause ErrClosed) does, for a third of the cost of the
 		// layers below, most of a small collective's overhead.
 		return context.WithTimeout(s.life, timeout)
 	}
-	ctx, cancel := context.WithCancelCause(w.ctx)
+	ctx, cancel := context.WithCancelCause(ctx)
 	stop := context.AfterFunc(s.life, func() { cancel(ErrClosed) })
 	ctx, cancelTimeout := context.WithTimeout(ctx, timeout)
 	return ctx, func() {
@@ -168,6 +181,9 @@ func (s scope) operationContext(w *Work) (context.Context, func()) {
 // reach it so.
 type executor struct {
 	scope scope
+	// inline is the context of the blocking calls runInline runs, which
+	// only one runs at a time: the one that claimed the queue.
+	inline *opContext
 
 	mu      sync.Mutex
 	queue   []*Work
@@ -179,7 +195,7 @@ type executor struct {
 }
 
 func newExecutor(s scope) *executor {
-	e := &executor{scope: s, wake: make(chan struct{}, 1), done: make(chan struct{})}
+	e := &executor{scope: s, inline: newOpContext(s.life), wake: make(chan struct{}, 1), done: make(chan struct{})}
 	go e.loop()
 	return e
 }
@@ -231,10 +247,34 @@ func (e *executor) pop() *Work {
 	return w
 }
 
+// runInline runs a blocking operation on the caller's goroutine, when
+// the queue is empty and nothing runs, and reports whether it did; when
+// it did not, the caller queues the operation. It is a blocking call's
+// whole path: no Work, no channel, and run, which does not outlive the
+// call, need not be allocated.
+func (e *executor) runInline(ctx context.Context, run func(context.Context) error) (bool, error) {
+	e.mu.Lock()
+	if e.closed || e.running || len(e.queue) > 0 {
+		e.mu.Unlock()
+		return false, nil
+	}
+	e.running = true
+	e.mu.Unlock()
+	err := e.scope.perform(ctx, e.scope.timeout, e.inline, run)
+	e.release()
+	return true, err
+}
+
 // runClaimed runs a claimed work, then hands what is queued behind it
 // back to loop.
 func (e *executor) runClaimed(w *Work) {
 	e.scope.execute(w)
+	e.release()
+}
+
+// release ends a waiter's turn at running, handing what was queued
+// meanwhile to loop.
+func (e *executor) release() {
 	e.mu.Lock()
 	e.running = false
 	more := len(e.queue) > 0 || e.closed

@@ -98,3 +98,49 @@ func TestCloseFailsPendingWork(t *testing.T) {
 		return pg.Close()
 	})
 }
+
+// A blocking call with a context that never ends runs inline under the
+// group's reused context: its timeout must still end it, and the next
+// call's too, on a fresh deadline.
+func TestInlineCallTimesOutAndSoDoesTheNext(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		onRanks(t, 2, func(pg *ProcessGroup) error {
+			if pg.Rank() == 1 {
+				return nil // never joins
+			}
+			for i := range 2 {
+				start := time.Now()
+				err := pg.Barrier(context.Background())
+				var opErr *OpError
+				if !errors.Is(err, context.DeadlineExceeded) || !errors.As(err, &opErr) || opErr.Op != "barrier" || time.Since(start) != 5*time.Second {
+					return fmt.Errorf("barrier %d alone: %v after %s, want the barrier's deadline after 5s", i, err, time.Since(start))
+				}
+			}
+			return nil
+		}, WithTimeout(5*time.Second))
+	})
+}
+
+// Close ends a blocking call running inline with ErrClosed.
+func TestCloseEndsAnInlineCall(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		onRanks(t, 2, func(pg *ProcessGroup) error {
+			if pg.Rank() == 1 {
+				return nil // never joins
+			}
+			result := make(chan error, 1)
+			go func() { result <- pg.AllReduce(context.Background(), Of([]float32{1}), Sum) }()
+			synctest.Wait() // the all_reduce waits for rank 1
+			if err := pg.Close(); err != nil {
+				return err
+			}
+			if err := <-result; !errors.Is(err, ErrClosed) {
+				return fmt.Errorf("all_reduce running at Close: %v, want ErrClosed", err)
+			}
+			if err := pg.AllReduce(context.Background(), Of([]float32{1}), Sum); !errors.Is(err, ErrClosed) {
+				return fmt.Errorf("all_reduce after Close: %v, want ErrClosed", err)
+			}
+			return nil
+		})
+	})
+}
