@@ -22,6 +22,7 @@ const (
 	algoDissemination           // barrier rounds at distances 1, 2, 4, ...
 	algoShm                     // shared memory: each rank reduces its chunk of every rank's slot
 	algoShmFlat                 // shared memory: each rank reduces all of every rank's slot
+	algoHier                    // by host: shared memory within, the leaders across (hierarchy.go)
 )
 
 var algorithmNames = [...]string{
@@ -35,6 +36,7 @@ var algorithmNames = [...]string{
 	algoDissemination: "dissemination",
 	algoShm:           "shm",
 	algoShmFlat:       "shm-flat",
+	algoHier:          "hier",
 }
 
 func (a algorithm) String() string {
@@ -104,6 +106,10 @@ func (c *comm) allReduceAlgorithm(n int) algorithm {
 		if c.shared() {
 			return c.cfg.algo
 		}
+	case algoHier:
+		if c.hier != nil {
+			return algoHier
+		}
 	}
 	switch {
 	case c.shared() && n*c.size() <= allReduceShmFlatWork:
@@ -123,6 +129,10 @@ func (c *comm) broadcastAlgorithm(n int) algorithm {
 	switch c.cfg.algo {
 	case algoTree, algoChain:
 		return c.cfg.algo
+	case algoHier:
+		if c.hier != nil {
+			return algoHier
+		}
 	}
 	if c.shared() {
 		return algoShm

@@ -34,6 +34,8 @@ func (c *comm) AllReduce(ctx context.Context, buf []byte, dt DType, op Op) error
 		err = o.reduceShared(buf, -1)
 	case algoShmFlat:
 		err = o.allReduceSharedFlat(buf)
+	case algoHier:
+		err = o.allReduceHierarchical(buf)
 	default:
 		err = o.allReduceRing(buf)
 	}

@@ -123,7 +123,7 @@ func (o *op) allReduceSharedFlat(buf []byte) error {
 // piece chunks[me] of the result. in is left intact.
 func (o *op) reduceScatterShared(out, in []byte, chunks []span) error {
 	n, me := o.c.size(), o.c.rank
-	sub := subSlot(o.c.t.shm.slot, n)
+	sub := subSlot(o.c.shm.slot, n)
 	longest := 0
 	for _, c := range chunks {
 		longest = max(longest, c.len)

@@ -8,6 +8,13 @@ import "context"
 // signals r+2^k and waits for r-2^k, so after ceil(log2(n)) rounds every
 // rank has heard, through some path, from all.
 func (c *comm) Barrier(ctx context.Context) error {
+	if c.hier != nil && c.cfg.algo == algoHier {
+		o, err := c.begin(ctx, header{coll: collBarrier, algo: algoHier})
+		if err != nil {
+			return err
+		}
+		return c.end(o, o.barrierHierarchical())
+	}
 	if c.shared() && c.cfg.algo != algoDissemination {
 		o, err := c.begin(ctx, header{coll: collBarrier, algo: algoShmFlat})
 		if err != nil {
@@ -25,15 +32,20 @@ func (c *comm) barrier(ctx context.Context, coll collKind, count uint64) error {
 	if err != nil {
 		return err
 	}
-	n, me := c.size(), c.rank
+	return c.end(o, o.dissemination())
+}
+
+// dissemination runs the rounds of a dissemination barrier.
+func (o *op) dissemination() error {
+	n, me := o.c.size(), o.c.rank
 	for dist := 1; dist < n; dist <<= 1 {
 		incoming := o.expect((me-dist+n)%n, nil, dist)
 		if err := o.send((me+dist)%n, nil, dist); err != nil {
-			return c.end(o, err)
+			return err
 		}
 		if err := o.awaitAll(incoming); err != nil {
-			return c.end(o, err)
+			return err
 		}
 	}
-	return c.end(o, nil)
+	return nil
 }

@@ -23,8 +23,11 @@ func (c *comm) Broadcast(ctx context.Context, buf []byte, dt DType, root int) er
 	if err != nil {
 		return err
 	}
-	if algo == algoShm {
+	switch algo {
+	case algoShm:
 		return c.end(o, o.broadcastShared(buf, root))
+	case algoHier:
+		return c.end(o, o.broadcastHierarchical(buf, root))
 	}
 	var kids [bits.UintSize]int
 	parent, children := binomialTree(c.rank, root, c.size(), kids[:0])

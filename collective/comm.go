@@ -1,6 +1,7 @@
 package collective
 
 import (
+	"cmp"
 	"context"
 	"encoding/binary"
 	"encoding/json"
@@ -43,6 +44,10 @@ type TCPOptions struct {
 	// scripts that set it).
 	TCPOnly bool
 
+	// hostID overrides the host identity, as GORUN_HOST_ID does: tests
+	// give ranks of one process different ones to make a job that spans
+	// hosts.
+	hostID string
 	// algo forces an algorithm as GORUN_ALGO does (tests, experiments).
 	algo string
 	// segment overrides the bytes per frame of pipelined algorithms.
@@ -71,10 +76,16 @@ const worldID = 1
 // made on first use, or during NewTCP when opts.Eager is set. Closing the
 // returned Comm closes the transport that its splits share.
 //
+// Ranks that publish the same host identity (boot id and host name, or
+// GORUN_HOST_ID where set) share memory and Unix sockets.
+//
 // The environment variable GORUN_ALGO forces the algorithm of the
 // collectives that have it: "shm" or "shm-flat" (shared memory, when the
-// world has it), "ring", "rhd", "rd", "tree", "chain", "direct" (over
-// sockets); every rank must agree (frames and shared-memory calls carry
+// world has it), "hier" (by host, when the world spans hosts and some
+// host runs two ranks: hierarchy.go; opt-in until measured between real
+// hosts, since on one machine's loopback it is slower than flat), "ring",
+// "rhd", "rd", "tree", "chain", "direct" (flat, over sockets); every
+// rank must agree (frames and shared-memory calls carry
 // the algorithm, so ranks that do not fail with ErrMismatch).
 func NewTCP(ctx context.Context, store rendezvous.Store, rank, size int, opts TCPOptions) (Comm, error) {
 	if size < 1 || rank < 0 || rank >= size {
@@ -113,16 +124,26 @@ func NewTCP(ctx context.Context, store rendezvous.Store, rank, size int, opts TC
 		return nil, err
 	}
 	log := opts.Logger.With().Str("component", "collective").Int("rank", rank).Logger()
-	t, err := newTransport(ctx, store, rank, size, host, mode == "tcp", cfg, log)
+	hostID := ""
+	if mode != "tcp" {
+		hostID = cmp.Or(opts.hostID, strings.TrimSpace(getenv("GORUN_HOST_ID")), hostIdentity())
+	}
+	t, err := newTransport(ctx, store, rank, size, host, hostID, cfg, log)
 	if err != nil {
 		return nil, err
 	}
+	hosts, err := t.hostIDs(ctx)
+	if err != nil {
+		t.close()
+		return nil, err
+	}
+	local := sameHost(hosts, rank)
 	slot := opts.shmSlot
 	if slot <= 0 {
 		slot = defaultShmSlot
 	}
-	slot = max(slot, 64*size) // a part of 64 bytes per rank at least (subSlot)
-	if t.shm, err = setupShm(ctx, store, rank, size, slot, mode != "unix", !opts.noSingleCopy, t.hostID, log); err != nil {
+	slot = max(slot, 64*len(local)) // a part of 64 bytes per rank at least (subSlot)
+	if t.shm, err = setupShm(ctx, store, local, slices.Index(local, rank), slot, mode != "unix", !opts.noSingleCopy, log); err != nil {
 		t.close()
 		return nil, err
 	}
@@ -132,6 +153,11 @@ func NewTCP(ctx context.Context, store rendezvous.Store, rank, size int, opts TC
 	}
 	world := newComm(t, worldID, rank, members)
 	world.isWorld = true
+	if len(local) == size {
+		world.shm = t.shm
+	} else {
+		world.hier = newHierarchy(world, hosts, t.shm)
+	}
 	if err := t.register(world); err != nil {
 		t.close()
 		return nil, err
@@ -175,6 +201,15 @@ type comm struct {
 	cfg     config
 	log     zerolog.Logger
 	isWorld bool
+	// shm is the shared memory its collectives use: the world's when
+	// every rank shares a host, a host's in a view (hierarchy.go).
+	shm *shmWorld
+	// hier splits the world's collectives by host when the world spans
+	// hosts and some host runs more than one rank (hierarchy.go).
+	hier *hierarchy
+	// parent is the communicator a view belongs to: it shares the
+	// parent's id, frames and failure, and names ranks in its own terms.
+	parent *comm
 
 	seq   uint64    // the last collective's sequence number (calls are sequential)
 	coll  op        // the collective in flight, reused
@@ -234,8 +269,17 @@ func (c *comm) spanScratch(i, n int) []span {
 }
 
 // shared reports whether c's collectives may go through shared memory:
-// it is the world, and the world has it.
-func (c *comm) shared() bool { return c.isWorld && c.t.shm != nil }
+// the world when every rank shares the host, a view of one host's ranks.
+func (c *comm) shared() bool { return c.shm != nil }
+
+// failure is why c failed, once c.failed is closed; a view's is its
+// parent's.
+func (c *comm) failure() error {
+	if c.parent != nil {
+		return c.parent.err
+	}
+	return c.err
+}
 
 func (c *comm) Rank() int { return c.rank }
 func (c *comm) Size() int { return len(c.world) }
@@ -252,6 +296,9 @@ func (c *comm) commRank(world, fallback int) int {
 // fail records the communicator's first failure and wakes its waiting
 // op. It reports whether err was the first.
 func (c *comm) fail(err error) bool {
+	if c.parent != nil {
+		return c.parent.fail(c.inParentTerms(err))
+	}
 	c.failMu.Lock()
 	defer c.failMu.Unlock()
 	if c.err != nil {
@@ -270,7 +317,7 @@ func (c *comm) begin(ctx context.Context, h header) (*op, error) {
 	}
 	select {
 	case <-c.failed:
-		return nil, c.err
+		return nil, c.failure()
 	default:
 	}
 	c.seq++
@@ -279,7 +326,12 @@ func (c *comm) begin(ctx context.Context, h header) (*op, error) {
 	o.reset(c, ctx, h)
 	c.progress.Store(packProgress(c.seq, h.coll, true))
 	if c.shared() {
-		c.t.shm.publish(c.world[c.rank], &h)
+		c.shm.publish(c.rank, &h)
+	}
+	if c.hier != nil && c.hier.host.shared() {
+		// The host's ranks check each other's calls there, whatever
+		// the algorithm (hierarchy.go).
+		c.hier.host.shm.publish(c.hier.host.rank, &h)
 	}
 	// A member that is gone does not fail the call here: what it sent
 	// before it exited may be all the call needs (a broadcast root that

@@ -57,8 +57,10 @@ func unpackProgress(v uint64) (seq uint64, coll collKind, active bool) {
 // the ranks that have not reached o's call (the culprits, if any), else on
 // whom the ranks o waits for are waiting themselves.
 func (c *comm) diagnose(o *op, waitingFor []int) (hint string, culprits []int) {
-	if o.hdr.coll == collSend || c.size() < 3 {
-		return "", nil // with two ranks, or tags, there is no one else to blame
+	if o.hdr.coll == collSend || c.size() < 3 || c.parent != nil {
+		// With two ranks, or tags, there is no one else to blame; a view
+		// (hierarchy.go) does not know what its members' other views do.
+		return "", nil
 	}
 	answers := c.t.query(c, c.size()-1)
 	var behind, chain []string

@@ -46,7 +46,7 @@ func (o *op) broadcastShared(buf []byte, root int) error {
 // out, or only root's when root is not -1 (gather).
 func (o *op) allGatherShared(out, in []byte, root int) error {
 	n, me, size := o.c.size(), o.c.rank, len(in)
-	if root < 0 && o.c.t.shm.cma && size >= cmaMin && n <= singleCopyMaxRanks {
+	if root < 0 && o.c.shm.cma && size >= cmaMin && n <= singleCopyMaxRanks {
 		return o.allGatherSingleCopy(out, in)
 	}
 	receives := root < 0 || root == me
@@ -87,7 +87,7 @@ func (o *op) allGatherShared(out, in []byte, root int) error {
 // the root copies one piece per rank into its slot, one part each.
 func (o *op) scatterShared(out, in []byte, root int) error {
 	n, me, size := o.c.size(), o.c.rank, len(out)
-	sub := subSlot(o.c.t.shm.slot, n)
+	sub := subSlot(o.c.shm.slot, n)
 	rounds := max(ceilDiv(size, sub), 1)
 	if me == root {
 		copyCached(out, in[me*size:][:size])
@@ -130,7 +130,7 @@ func (o *op) scatterShared(out, in []byte, root int) error {
 // sender's input (readPeer), and the sender waits for it before it
 // returns.
 func (o *op) allToAllShared(out, in []byte, sends, recvs []span) error {
-	s := o.c.t.shm
+	s := o.c.shm
 	n, me, es := o.c.size(), o.c.rank, o.hdr.dtype.Size()
 	sub := subSlot(s.slot, n)
 	single := func(bytes int) bool { return s.cma && bytes >= cmaMin }
@@ -188,7 +188,7 @@ func (o *op) allToAllShared(out, in []byte, sends, recvs []span) error {
 					rounds = max(rounds, int(theirs.rounds[g%2].Load()))
 					if single(piece.len) {
 						from := table.base() + uintptr(table.offset(me))
-						if err := readPeer(s.pids[o.c.world[peer]], from, piece.of(out)); err != nil {
+						if err := readPeer(s.pids[peer], from, piece.of(out)); err != nil {
 							return &PeerError{Rank: peer, Op: o.label(), Err: err}
 						}
 					}
@@ -237,7 +237,7 @@ func (o *op) allGatherSingleCopy(out, in []byte) error {
 				return err
 			}
 			from := o.region(peer).pieces(g).base()
-			if err := readPeer(s.pids[o.c.world[peer]], from, out[peer*size:][:size]); err != nil {
+			if err := readPeer(s.pids[peer], from, out[peer*size:][:size]); err != nil {
 				return &PeerError{Rank: peer, Op: o.label(), Err: err}
 			}
 		}

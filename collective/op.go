@@ -125,7 +125,7 @@ func (o *op) await(r *recvReq) error {
 		case <-o.ctx.Done():
 			return o.timedOut("waiting for", nil)
 		case <-o.c.failed:
-			return o.c.err
+			return o.c.failure()
 		}
 		if o.hdr.coll != collSend {
 			o.c.waitingOn.Store(-1)
@@ -192,7 +192,7 @@ func (o *op) flush() error {
 			case <-o.ctx.Done():
 				return o.timedOut("sending to", nil)
 			case <-o.c.failed:
-				return o.c.err
+				return o.c.failure()
 			}
 		}
 		s.consumed = true
@@ -234,7 +234,7 @@ func (o *op) finish(err error) error {
 		o.c.log.Debug().Err(err).Msg("operation failed")
 		o.c.tellOthers(err, o.label())
 	}
-	return o.c.err
+	return o.c.failure()
 }
 
 // withdraw cancels the receives and sends still outstanding and waits
@@ -401,7 +401,7 @@ func (o *op) mismatch(r *recvReq) error {
 		defer timer.Stop()
 		select {
 		case <-o.c.failed:
-			return o.c.err
+			return o.c.failure()
 		case <-timer.C:
 		}
 		e.detail = fmt.Sprintf("expected %d bytes at offset %d, rank %d sent %d bytes at offset %d",

@@ -64,7 +64,7 @@ func (c *comm) beginP2P(ctx context.Context, what string, buf []byte, dt DType, 
 	}
 	select {
 	case <-c.failed:
-		return nil, c.err
+		return nil, c.failure()
 	default:
 	}
 	o := &op{}

@@ -160,31 +160,26 @@ type shmWorld struct {
 	active sync.WaitGroup // ops using the mappings
 }
 
-// setupShm builds the world's shared memory when every rank shares this
-// host. It returns nil, and no error, when the ranks cannot or will not
-// all use it (another host, GORUN_TRANSPORT, a full /dev/shm): all ranks
-// reach the same verdict, from what they published in the store.
-func setupShm(ctx context.Context, store rendezvous.Store, rank, size, slot int, want, singleCopy bool, hostID string, log zerolog.Logger) (*shmWorld, error) {
-	if size < 2 || hostID == "" {
+// setupShm builds the shared memory of members, the world ranks that
+// share this host (ascending; me is this rank's index among them): the
+// whole world, or one host's ranks of a job that spans hosts (see
+// hierarchy.go). Regions are indexed by member. It returns nil, and no
+// error, when the members cannot or will not all use it
+// (GORUN_TRANSPORT, a full /dev/shm): every member reaches the same
+// verdict, from what they published in the store.
+func setupShm(ctx context.Context, store rendezvous.Store, members []int, me, slot int, want, singleCopy bool, log zerolog.Logger) (*shmWorld, error) {
+	size, rank := len(members), me
+	if size < 2 {
 		return nil, nil
 	}
 	keys := func(prefix string) []string {
 		k := make([]string, size)
-		for i := range k {
-			k[i] = prefix + strconv.Itoa(i)
+		for i, w := range members {
+			k[i] = prefix + strconv.Itoa(w)
 		}
 		return k
 	}
-	locals, err := store.MultiGet(ctx, keys(localKeyPrefix))
-	if err != nil {
-		return nil, fmt.Errorf("collective: look up hosts: %w", err)
-	}
-	for _, v := range locals {
-		if id, _, _ := splitLocal(v); id != hostID {
-			return nil, nil // some rank elsewhere, or one that uses tcp only
-		}
-	}
-
+	var err error
 	segs := make([]*segment, size)
 	unmapAll := func() {
 		for _, s := range segs {
@@ -198,7 +193,7 @@ func setupShm(ctx context.Context, store rendezvous.Store, rank, size, slot int,
 	if want {
 		var b [8]byte
 		rand.Read(b[:])
-		n := fmt.Sprintf("gorun-collective-%s-%d", hex.EncodeToString(b[:]), rank)
+		n := fmt.Sprintf("gorun-collective-%s-%d", hex.EncodeToString(b[:]), members[rank])
 		if segs[rank], err = createSegment(n, shmSegmentSize(slot, size)); err == nil {
 			name = n
 		} else {
@@ -213,7 +208,7 @@ func setupShm(ctx context.Context, store rendezvous.Store, rank, size, slot int,
 		newShmRegion(segs[rank].mem, slot, size).magic.Store(binary.LittleEndian.Uint64(magic[:]))
 		addr = strconv.FormatUint(uint64(uintptr(unsafe.Pointer(&segs[rank].mem[0]))), 16)
 	}
-	if err := store.Set(ctx, shmKeyPrefix+strconv.Itoa(rank), []byte(self+" "+addr+" "+name)); err != nil {
+	if err := store.Set(ctx, shmKeyPrefix+strconv.Itoa(members[rank]), []byte(self+" "+addr+" "+name)); err != nil {
 		unmapAll()
 		return nil, fmt.Errorf("collective: publish shared memory: %w", err)
 	}
@@ -253,7 +248,7 @@ func setupShm(ctx context.Context, store rendezvous.Store, rank, size, slot int,
 	if ready == "1" && singleCopy && canReadPeers(segs, pids, addrs, rank, slot, log) {
 		ready = "1c"
 	}
-	err = store.Set(ctx, shmReadyKeyPrefix+strconv.Itoa(rank), []byte(ready))
+	err = store.Set(ctx, shmReadyKeyPrefix+strconv.Itoa(members[rank]), []byte(ready))
 	var readies [][]byte
 	if err == nil {
 		readies, err = store.MultiGet(ctx, keys(shmReadyKeyPrefix))

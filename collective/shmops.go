@@ -24,7 +24,7 @@ package collective
 
 // runShared runs body, a collective's blocks, in shared memory.
 func (o *op) runShared(body func(s *shmWorld) error) error {
-	s := o.c.t.shm
+	s := o.c.shm
 	if !s.enter() {
 		return ErrClosed
 	}
@@ -44,10 +44,10 @@ func (s *shmWorld) next() uint32 {
 }
 
 // self is this rank's region.
-func (o *op) self() *shmRegion { return &o.c.t.shm.regions[o.c.world[o.c.rank]] }
+func (o *op) self() *shmRegion { return &o.c.shm.regions[o.c.rank] }
 
 // region is peer's region.
-func (o *op) region(peer int) *shmRegion { return &o.c.t.shm.regions[o.c.world[peer]] }
+func (o *op) region(peer int) *shmRegion { return &o.c.shm.regions[peer] }
 
 // slotOf is the slot peer uses for block g.
 func (o *op) slotOf(peer int, g uint32) []byte { return o.region(peer).slots[g%2] }
@@ -76,21 +76,21 @@ func (o *op) awaitReduced(peer int, g uint32) error {
 }
 
 func (o *op) signalWritten(g uint32) {
-	o.c.t.shm.signal(o.c.world[o.c.rank], o.self().written, g)
+	o.c.shm.signal(o.c.rank, o.self().written, g)
 }
 
 func (o *op) signalReduced(g uint32) {
-	o.c.t.shm.signal(o.c.world[o.c.rank], o.self().reduced, g)
+	o.c.shm.signal(o.c.rank, o.self().reduced, g)
 }
 
 func (o *op) signalConsumed(g uint32) {
-	o.c.t.shm.signal(o.c.world[o.c.rank], o.self().consumed, g)
+	o.c.shm.signal(o.c.rank, o.self().consumed, g)
 }
 
 // awaitArrivals waits until every peer not checked yet has published this
 // call, and checks it.
 func (o *op) awaitArrivals() error {
-	s := o.c.t.shm
+	s := o.c.shm
 	for peer := range o.c.size() {
 		if !s.checked[peer] {
 			if err := o.awaitShared(peer, o.region(peer).published, uint32(o.hdr.seq), true); err != nil {

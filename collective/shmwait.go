@@ -33,8 +33,8 @@ func (o *op) awaitShared(peer int, word *atomic.Uint32, stamp uint32, current bo
 			return o.checkSharedPeer(peer, current)
 		}
 	}
-	s := o.c.t.shm
-	region := &s.regions[o.c.world[peer]]
+	s := o.c.shm
+	region := &s.regions[peer]
 	o.c.waitingOn.Store(int32(peer))
 	defer o.c.waitingOn.Store(-1)
 	start := time.Now()
@@ -55,7 +55,7 @@ func (o *op) awaitShared(peer int, word *atomic.Uint32, stamp uint32, current bo
 				futexWait(word, v, shmNap)
 			}
 			region.sleepers.Add(^uint32(0)) // minus one
-		} else if s.inProcess[o.c.world[peer]] {
+		} else if s.inProcess[peer] {
 			runtime.Gosched() // the peer is a goroutine
 		} else {
 			// Not runtime.Gosched: it wakes an idle P's thread to look
@@ -75,7 +75,7 @@ func (o *op) awaitShared(peer int, word *atomic.Uint32, stamp uint32, current bo
 func (o *op) checkPeerAlive(peer int) error {
 	select {
 	case <-o.c.failed:
-		return o.c.err
+		return o.c.failure()
 	default:
 	}
 	if o.ctx.Err() != nil {
@@ -91,11 +91,11 @@ func (o *op) checkPeerAlive(peer int) error {
 // ours for this sequence number. With arrived, the peer has signalled
 // this op's data, so it must have published this very call.
 func (o *op) checkSharedPeer(peer int, arrived bool) error {
-	s := o.c.t.shm
+	s := o.c.shm
 	if s.checked[peer] {
 		return nil
 	}
-	theirs, ok := s.lookup(o.c.world[peer], o.hdr.seq)
+	theirs, ok := s.lookup(peer, o.hdr.seq)
 	switch {
 	case ok && theirs == o.hdr:
 		s.checked[peer] = true
@@ -103,7 +103,7 @@ func (o *op) checkSharedPeer(peer int, arrived bool) error {
 		e := &MismatchError{Viewer: o.c.rank, RankA: o.c.rank, RankB: peer, hdrA: o.hdr, hdrB: theirs}
 		e.fill()
 		return e
-	case arrived && s.movedOn(o.c.world[peer], o.hdr.seq):
+	case arrived && s.movedOn(peer, o.hdr.seq):
 		// The peer has published shmHistory calls since, overwriting this
 		// one's entry: it signalled our block, then went on with calls
 		// that need nobody (a broadcast root's over sockets, which

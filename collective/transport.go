@@ -80,7 +80,7 @@ type transport struct {
 	ln         *net.TCPListener
 	local      net.Listener // the Unix socket for same-host peers, or nil
 	hostID     string
-	shm        *shmWorld // the world's shared memory (shm.go), or nil; set before use
+	shm        *shmWorld // the shared memory of this host's ranks (shm.go), or nil; set before use
 	spin       bool      // ops spin briefly for frames (op.poll)
 
 	mu       sync.Mutex
@@ -111,7 +111,9 @@ type peer struct {
 	outErr error // why the outgoing one did: nothing more can be sent
 }
 
-func newTransport(ctx context.Context, store rendezvous.Store, rank, size int, host string, tcpOnly bool, cfg config, log zerolog.Logger) (*transport, error) {
+// newTransport listens and publishes this rank's addresses; hostID names
+// its host (empty: TCP to every peer, no Unix socket).
+func newTransport(ctx context.Context, store rendezvous.Store, rank, size int, host, hostID string, cfg config, log zerolog.Logger) (*transport, error) {
 	ln, err := net.Listen("tcp", net.JoinHostPort(host, "0"))
 	if err != nil {
 		return nil, fmt.Errorf("collective: listen on %s: %w", host, err)
@@ -135,13 +137,11 @@ func newTransport(ctx context.Context, store rendezvous.Store, rank, size int, h
 	}
 	t.life, t.endLife = context.WithCancel(context.Background())
 	local := ""
-	if !tcpOnly {
-		if t.hostID = hostIdentity(); t.hostID != "" {
-			if l, err := listenLocal(); err == nil {
-				t.local, local = l, l.Addr().String()
-			} else {
-				log.Debug().Err(err).Msg("no unix socket; same-host peers use tcp")
-			}
+	if t.hostID = hostID; t.hostID != "" {
+		if l, err := listenLocal(); err == nil {
+			t.local, local = l, l.Addr().String()
+		} else {
+			log.Debug().Err(err).Msg("no unix socket; same-host peers use tcp")
 		}
 	}
 	addr := net.JoinHostPort(host, strconv.Itoa(t.ln.Addr().(*net.TCPAddr).Port))
@@ -699,4 +699,37 @@ func (o *outConn) fail(err error) {
 	o.mu.Unlock()
 	o.cond.Broadcast()
 	o.conn.Close()
+}
+
+// hostIDs reads every rank's host identity from the store ("" for a rank
+// that uses TCP only).
+func (t *transport) hostIDs(ctx context.Context) ([]string, error) {
+	keys := make([]string, t.size)
+	for i := range keys {
+		keys[i] = localKeyPrefix + strconv.Itoa(i)
+	}
+	vals, err := t.store.MultiGet(ctx, keys)
+	if err != nil {
+		return nil, fmt.Errorf("collective: look up hosts: %w", err)
+	}
+	ids := make([]string, t.size)
+	for i, v := range vals {
+		ids[i], _, _ = splitLocal(v)
+	}
+	return ids, nil
+}
+
+// sameHost lists the ranks whose host is rank's, ascending; only rank
+// when its host is unknown.
+func sameHost(hosts []string, rank int) []int {
+	if hosts[rank] == "" {
+		return []int{rank}
+	}
+	var ranks []int
+	for r, id := range hosts {
+		if id == hosts[rank] {
+			ranks = append(ranks, r)
+		}
+	}
+	return ranks
 }

@@ -1,0 +1,277 @@
+package collective
+
+import (
+	"errors"
+	"slices"
+	"strconv"
+)
+
+// Hierarchical collectives, for a world that spans hosts where some host
+// runs more than one rank. A collective runs in three phases: the ranks
+// of each host combine their data in shared memory at the host's leader
+// (its lowest rank), the leaders run the collective among themselves
+// over TCP, and each leader hands the result to its host in shared
+// memory. Only one rank per host then crosses the network, with the
+// host's whole contribution, instead of every rank.
+//
+// The phases run on views of the world: communicators of a subset of its
+// ranks that share its id, its call (the op's header, so every frame and
+// every call published in shared memory is the world's), and its
+// failure. A view's frames land in the world's mailboxes, so a rank that
+// made another call (a flat broadcast, say) meets a frame it does not
+// expect and both fail with a mismatch, as in a flat algorithm; every
+// world call is published in the host's shared memory (comm.begin), so a
+// host peer in another call is caught there. A phase that fails names
+// ranks in the view's terms: the error is translated to world ranks
+// (inParentTerms) before the world op fails with it and tells every rank.
+//
+// Every element's result is computed by the leaders from the hosts'
+// sums, in an order every leader shares (the flat algorithms' guarantee
+// among them), then copied to every rank: all ranks get the same bits.
+// They are not the bits of a flat all_reduce, which adds in rank order
+// ((x0+x1)+x2)+x3 where this adds (x0+x1)+(x2+x3); for the integer types
+// and for exact floating-point sums the results agree.
+
+// hierarchy is the world's views for hierarchical collectives.
+type hierarchy struct {
+	host    *comm // this host's ranks; its rank 0 is the host's leader
+	leaders *comm // the leaders, one per host by ascending rank; nil on other ranks
+	hosts   int   // how many hosts the world spans
+	// leaderOf[r] is the leaders' rank of world rank r's host's leader.
+	leaderOf []int
+	// hostRank[r] is world rank r's rank in its host's view.
+	hostRank []int
+}
+
+// newHierarchy builds the views of world, whose ranks run on hosts (an
+// empty id is a host of its own), or returns nil when no host runs two
+// ranks or all run on one: hierarchy would not save anything. shm is
+// this host's shared memory, or nil.
+func newHierarchy(world *comm, hosts []string, shm *shmWorld) *hierarchy {
+	h := &hierarchy{leaderOf: make([]int, len(hosts)), hostRank: make([]int, len(hosts))}
+	leaderIndex := map[string]int{} // host id -> leaders' rank
+	ranksOn := map[string]int{}     // host id -> ranks seen so far
+	var leaders []int
+	crowded := false
+	for r, id := range hosts {
+		if id == "" {
+			id = "rank " + strconv.Itoa(r) // a host of its own: no id starts so
+		}
+		li, seen := leaderIndex[id]
+		if !seen {
+			li = len(leaders)
+			leaderIndex[id] = li
+			leaders = append(leaders, r)
+		}
+		crowded = crowded || seen
+		h.leaderOf[r] = li
+		h.hostRank[r] = ranksOn[id]
+		ranksOn[id]++
+	}
+	h.hosts = len(leaders)
+	if !crowded || h.hosts < 2 {
+		return nil
+	}
+	me := world.rank
+	h.host = newView(world, sameHost(hosts, me))
+	h.host.shm = shm
+	if leaders[h.leaderOf[me]] == me {
+		h.leaders = newView(world, leaders)
+	}
+	return h
+}
+
+// newView is the view of parent made of members (parent ranks,
+// ascending, parent's own rank among them).
+func newView(parent *comm, members []int) *comm {
+	world := make([]int, len(members))
+	for i, m := range members {
+		world[i] = parent.world[m]
+	}
+	v := newComm(parent.t, parent.id, slices.Index(members, parent.rank), world)
+	v.parent = parent
+	v.failed = parent.failed
+	v.cfg.algo = algoAuto
+	return v
+}
+
+// join starts the view's part of the parent's op o.
+func (v *comm) join(o *op) *op {
+	vo := &v.coll
+	vo.reset(v, o.ctx, o.hdr)
+	return vo
+}
+
+// leave ends the view's part vo, which err ended: it withdraws what is
+// outstanding on failure, and returns err in the parent's terms. Unlike
+// op.finish it neither fails the world nor tells anyone: the world op
+// does, with the error this returns.
+func (v *comm) leave(vo *op, err error) error {
+	if err == nil {
+		err = vo.flush()
+	}
+	if err != nil {
+		vo.withdraw()
+	}
+	vo.release()
+	if err == nil {
+		return nil
+	}
+	select {
+	case <-v.failed:
+		return v.failure() // the world's, in its terms already
+	default:
+	}
+	return v.inParentTerms(err)
+}
+
+// inParentTerms rewrites the ranks an error of view c names as the
+// parent's ranks.
+func (c *comm) inParentTerms(err error) error {
+	rank := func(r int) int {
+		if r >= 0 && r < len(c.world) {
+			return c.parent.commRank(c.world[r], r)
+		}
+		return r
+	}
+	var pe *PeerError
+	var me *MismatchError
+	switch {
+	case errors.As(err, &me):
+		e := *me
+		e.Viewer, e.RankA, e.RankB = rank(e.Viewer), rank(e.RankA), rank(e.RankB)
+		return &e
+	case errors.As(err, &pe):
+		e := *pe
+		e.Rank = rank(e.Rank)
+		var wt *waitTimeout
+		if errors.As(e.Err, &wt) {
+			w := *wt
+			w.ranks = make([]int, len(wt.ranks))
+			for i, r := range wt.ranks {
+				w.ranks[i] = rank(r)
+			}
+			e.Err = &w
+		}
+		return &e
+	}
+	return err
+}
+
+// allReduceHierarchical reduces buf on each host at its leader, across
+// the leaders, and back to each host.
+func (o *op) allReduceHierarchical(buf []byte) error {
+	h := o.c.hier
+	if err := h.host.reduceToLeader(o, buf); err != nil {
+		return err
+	}
+	if h.leaders != nil {
+		lo := h.leaders.join(o)
+		var err error
+		switch h.leaders.allReduceAlgorithm(len(buf)) {
+		case algoRD:
+			err = lo.allReduceDoubling(buf)
+		case algoRHD:
+			err = lo.allReduceHalving(buf)
+		default:
+			err = lo.allReduceRing(buf)
+		}
+		if err = h.leaders.leave(lo, err); err != nil {
+			return err
+		}
+	}
+	return h.host.broadcastFromLeader(o, buf)
+}
+
+// barrierHierarchical returns once every rank has entered: each host
+// meets, then the leaders, then each host again, its leader arriving
+// last.
+func (o *op) barrierHierarchical() error {
+	h := o.c.hier
+	if err := h.host.hostBarrier(o); err != nil {
+		return err
+	}
+	if h.leaders != nil {
+		lo := h.leaders.join(o)
+		if err := h.leaders.leave(lo, lo.dissemination()); err != nil {
+			return err
+		}
+	}
+	return h.host.hostBarrier(o)
+}
+
+// broadcastHierarchical copies root's buf to root's host's leader, from
+// it to the other leaders, and from each to its host.
+func (o *op) broadcastHierarchical(buf []byte, root int) error {
+	h, me := o.c.hier, o.c.rank
+	rootLeader := h.leaderOf[root]
+	onRootHost := h.leaderOf[me] == rootLeader
+	if onRootHost {
+		// The whole of root's host gets it here: its leader too.
+		hv := h.host
+		ho := hv.join(o)
+		if err := hv.leave(ho, ho.broadcastInView(buf, h.hostRank[root])); err != nil {
+			return err
+		}
+	}
+	if h.leaders != nil {
+		lo := h.leaders.join(o)
+		if err := h.leaders.leave(lo, lo.broadcastInView(buf, rootLeader)); err != nil {
+			return err
+		}
+	}
+	if onRootHost {
+		return nil
+	}
+	return h.host.broadcastFromLeader(o, buf)
+}
+
+// reduceToLeader reduces buf across host view v into its leader's buf.
+func (v *comm) reduceToLeader(o *op, buf []byte) error {
+	if v.size() == 1 {
+		return nil
+	}
+	vo := v.join(o)
+	var err error
+	if v.shared() {
+		err = vo.reduceShared(buf, 0)
+	} else {
+		err = vo.reduceTree(buf, 0)
+	}
+	return v.leave(vo, err)
+}
+
+// broadcastFromLeader copies the leader's buf to host view v.
+func (v *comm) broadcastFromLeader(o *op, buf []byte) error {
+	if v.size() == 1 {
+		return nil
+	}
+	vo := v.join(o)
+	return v.leave(vo, vo.broadcastInView(buf, 0))
+}
+
+// hostBarrier meets the ranks of host view v.
+func (v *comm) hostBarrier(o *op) error {
+	if v.size() == 1 {
+		return nil
+	}
+	vo := v.join(o)
+	if v.shared() {
+		return v.leave(vo, vo.allReduceSharedFlat(nil))
+	}
+	return v.leave(vo, vo.dissemination())
+}
+
+// broadcastInView copies root's buf to the view's ranks: in shared memory
+// when the view has it, else down a binomial tree.
+func (o *op) broadcastInView(buf []byte, root int) error {
+	if o.c.size() == 1 {
+		return nil
+	}
+	if o.c.shared() {
+		return o.broadcastShared(buf, root)
+	}
+	var kids [64]int
+	parent, children := binomialTree(o.c.rank, root, o.c.size(), kids[:0])
+	return o.broadcast(buf, parent, children)
+}

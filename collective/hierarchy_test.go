@@ -1,0 +1,355 @@
+package collective
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/gorun/gorun/rendezvous"
+)
+
+// hostsWorld builds ranks in this process that claim the hosts given,
+// rank r on host hosts[r]: a job that spans hosts, on one machine.
+func hostsWorld(t testing.TB, hosts []int, opts TCPOptions) []Comm {
+	t.Helper()
+	n := len(hosts)
+	store := rendezvous.NewMemoryStore(20 * time.Second)
+	opts.Host = "127.0.0.1"
+	opts.getenv = func(string) string { return "" }
+	comms := make([]Comm, n)
+	errs := make([]error, n)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	var wg sync.WaitGroup
+	for r := range n {
+		o := opts
+		o.hostID = fmt.Sprintf("test-host-%d", hosts[r])
+		wg.Go(func() { comms[r], errs[r] = NewTCP(ctx, store, r, n, o) })
+	}
+	wg.Wait()
+	t.Cleanup(func() {
+		for _, c := range comms {
+			if c != nil {
+				c.Close()
+			}
+		}
+	})
+	for r, err := range errs {
+		if err != nil {
+			t.Fatalf("rank %d: NewTCP: %v", r, err)
+		}
+	}
+	return comms
+}
+
+// TestHierarchySetup: the views exist exactly when a job spans hosts and
+// some host runs two ranks, with shared memory on those hosts.
+func TestHierarchySetup(t *testing.T) {
+	cases := []struct {
+		hosts   []int
+		hier    bool
+		leaders []int // ranks with a leaders' view
+	}{
+		{[]int{0, 0, 1, 1}, true, []int{0, 2}},
+		{[]int{0, 1, 0, 1}, true, []int{0, 1}},
+		{[]int{0, 0, 0, 1}, true, []int{0, 3}},
+		{[]int{0, 1, 2}, false, nil},
+		{[]int{0, 0, 0}, false, nil},
+	}
+	for _, tc := range cases {
+		t.Run(fmt.Sprint(tc.hosts), func(t *testing.T) {
+			comms := hostsWorld(t, tc.hosts, TCPOptions{})
+			var leaders []int
+			for r, c := range comms {
+				h := c.(*comm).hier
+				if (h != nil) != tc.hier {
+					t.Fatalf("rank %d: hierarchy %v, want %v", r, h != nil, tc.hier)
+				}
+				if h == nil {
+					continue
+				}
+				if h.leaders != nil {
+					leaders = append(leaders, r)
+				}
+				if h.host.size() > 1 && !h.host.shared() {
+					t.Errorf("rank %d: host of %d ranks without shared memory", r, h.host.size())
+				}
+			}
+			if fmt.Sprint(leaders) != fmt.Sprint(tc.leaders) {
+				t.Errorf("leaders %v, want %v", leaders, tc.leaders)
+			}
+		})
+	}
+}
+
+// TestHierarchicalAllReduce: for every type and operator, on layouts
+// with several ranks per host, every rank gets the bits of the flat
+// reference (the test data make every order of combining exact) and the
+// same bits as every other rank; broadcast and barrier work too.
+func TestHierarchicalAllReduce(t *testing.T) {
+	layouts := [][]int{{0, 0, 1, 1}, {0, 0, 0, 1}, {0, 1, 0, 1, 1}}
+	sizes := []int{8, 4096, 3<<20 + 24} // beyond a shared-memory slot
+	for _, transport := range []string{"auto", "unix"} {
+		for _, hosts := range layouts {
+			t.Run(fmt.Sprintf("%s/%v", transport, hosts), func(t *testing.T) {
+				comms := hostsWorld(t, hosts, TCPOptions{Transport: transport, algo: "hier"})
+				if comms[0].(*comm).hier == nil {
+					t.Fatal("no hierarchy")
+				}
+				ctx := testContext(t, 60*time.Second)
+				n := len(comms)
+				for _, dt := range allDTypes {
+					for _, op := range opsFor(dt) {
+						for _, size := range sizes {
+							size -= size % 8
+							inputs := make([][]byte, n)
+							bufs := make([][]byte, n)
+							for r := range n {
+								inputs[r] = make([]byte, size)
+								fill(inputs[r], dt, uint64(size)+uint64(op), r)
+								bufs[r] = bytes.Clone(inputs[r])
+							}
+							want := reference(t, inputs, dt, op)
+							mustAll(t, "all_reduce", onAll(comms, func(r int, c Comm) error {
+								return c.AllReduce(ctx, bufs[r], dt, op)
+							}))
+							for r := range n {
+								if !bytes.Equal(bufs[r], want) {
+									t.Fatalf("%v %v %dB: rank %d: %s", dt, op, size, r, firstDiff(bufs[r], want))
+								}
+							}
+						}
+					}
+				}
+				for root := range n {
+					bufs := make([][]byte, n)
+					for r := range n {
+						bufs[r] = make([]byte, 1<<20)
+						fill(bufs[r], Uint8, 7, r)
+					}
+					want := bytes.Clone(bufs[root])
+					mustAll(t, "broadcast", onAll(comms, func(r int, c Comm) error {
+						return c.Broadcast(ctx, bufs[r], Uint8, root)
+					}))
+					for r := range n {
+						if !bytes.Equal(bufs[r], want) {
+							t.Fatalf("broadcast from %d: rank %d: %s", root, r, firstDiff(bufs[r], want))
+						}
+					}
+				}
+				mustAll(t, "barrier", onAll(comms, func(_ int, c Comm) error { return c.Barrier(ctx) }))
+			})
+		}
+	}
+}
+
+// TestHierarchicalMatchesFlat: the hierarchical result equals the flat
+// one bit for bit, whichever algorithm GORUN_ALGO forces.
+func TestHierarchicalMatchesFlat(t *testing.T) {
+	hosts := []int{0, 0, 1, 1}
+	results := map[string][]byte{}
+	for _, algo := range []string{"hier", "ring", "rhd", "rd"} {
+		comms := hostsWorld(t, hosts, TCPOptions{algo: algo})
+		ctx := testContext(t, 20*time.Second)
+		bufs := make([][]byte, len(comms))
+		for r := range bufs {
+			bufs[r] = make([]byte, 1<<20)
+			fill(bufs[r], Float32, 3, r)
+		}
+		mustAll(t, algo, onAll(comms, func(r int, c Comm) error {
+			got := c.(*comm).allReduceAlgorithm(len(bufs[r])).String()
+			if got != algo {
+				return fmt.Errorf("GORUN_ALGO=%s chose %s", algo, got)
+			}
+			return c.AllReduce(ctx, bufs[r], Float32, Sum)
+		}))
+		for r := range bufs {
+			if !bytes.Equal(bufs[r], bufs[0]) {
+				t.Fatalf("%s: rank %d differs from rank 0: %s", algo, r, firstDiff(bufs[r], bufs[0]))
+			}
+		}
+		results[algo] = bufs[0]
+	}
+	for algo, got := range results {
+		if !bytes.Equal(got, results["hier"]) {
+			t.Errorf("%s differs from hier: %s", algo, firstDiff(got, results["hier"]))
+		}
+	}
+}
+
+// TestHierarchicalMismatch: a rank that calls something else, on its
+// leader's host or on another, fails every rank with a mismatch.
+func TestHierarchicalMismatch(t *testing.T) {
+	cases := []struct {
+		name string
+		call func(ctx context.Context, r int, c Comm) error
+	}{
+		{"count on another host", func(ctx context.Context, r int, c Comm) error {
+			n := 1024
+			if r == 3 {
+				n = 2048
+			}
+			return c.AllReduce(ctx, make([]byte, 4*n), Float32, Sum)
+		}},
+		{"count of a leader", func(ctx context.Context, r int, c Comm) error {
+			n := 1024
+			if r == 2 {
+				n = 2048
+			}
+			return c.AllReduce(ctx, make([]byte, 4*n), Float32, Sum)
+		}},
+		{"send and barrier vs all_reduce", func(ctx context.Context, r int, c Comm) error {
+			buf := make([]byte, 4096)
+			if r == 1 {
+				return c.Send(ctx, buf, Float32, 0, 5)
+			}
+			return c.AllReduce(ctx, buf, Float32, Sum)
+		}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			comms := hostsWorld(t, []int{0, 0, 1, 1}, TCPOptions{algo: "hier"})
+			ctx := testContext(t, 20*time.Second)
+			start := time.Now()
+			errs := onAll(comms, func(r int, c Comm) error {
+				if err := tc.call(ctx, r, c); err != nil {
+					return err
+				}
+				return c.Barrier(ctx)
+			})
+			if d := time.Since(start); d > 5*time.Second {
+				t.Errorf("took %v: a mismatch must fail at once", d)
+			}
+			for r, err := range errs {
+				t.Logf("rank %d: %v", r, err)
+				if !errors.Is(err, ErrMismatch) {
+					t.Errorf("rank %d: %v, want a mismatch", r, err)
+				}
+			}
+		})
+	}
+}
+
+// TestHierarchicalPeerDeath: a rank that dies mid-call, a leader or not,
+// is named by every other rank, on its host and on the other, at once.
+func TestHierarchicalPeerDeath(t *testing.T) {
+	for _, victim := range []int{3, 2, 1} {
+		t.Run(fmt.Sprintf("rank %d", victim), func(t *testing.T) {
+			comms := hostsWorld(t, []int{0, 0, 1, 1}, TCPOptions{algo: "hier"})
+			ctx := testContext(t, 60*time.Second)
+			var killed time.Time
+			var once sync.Once
+			errs := onAll(comms, func(r int, c Comm) error {
+				buf := make([]byte, 4<<20)
+				for i := 0; ; i++ {
+					if r == victim && i == 2 {
+						once.Do(func() { killed = time.Now() })
+						c.(*comm).t.close() // no goodbye: sockets just close
+						return nil
+					}
+					if err := c.AllReduce(ctx, buf, Float32, Sum); err != nil {
+						return err
+					}
+					if i > 1000 {
+						return errors.New("never failed")
+					}
+				}
+			})
+			if took := time.Since(killed); took > 5*time.Second {
+				t.Errorf("the others failed %v after the death", took)
+			}
+			for r, err := range errs {
+				if r == victim {
+					continue
+				}
+				t.Logf("rank %d: %v", r, err)
+				var pe *PeerError
+				if !errors.As(err, &pe) || pe.Rank != victim {
+					t.Errorf("rank %d: %v, want a PeerError naming rank %d", r, err, victim)
+				}
+			}
+		})
+	}
+}
+
+// TestHierarchicalAllocatesNothing: once warm, hierarchical collectives
+// allocate nothing.
+func TestHierarchicalAllocatesNothing(t *testing.T) {
+	if raceEnabled {
+		t.Log("allocations are not counted under the race detector")
+		return
+	}
+	comms := hostsWorld(t, []int{0, 0, 1, 1}, TCPOptions{algo: "hier"})
+	loop := newRankLoop(t, comms)
+	ctx := context.Background()
+	for _, size := range []int{8, 64 << 10, 3 << 20} {
+		bufs := make([][]byte, len(comms))
+		for r := range bufs {
+			bufs[r] = make([]byte, size)
+		}
+		calls := map[string]func(r int, c Comm) error{
+			"all_reduce": func(r int, c Comm) error { return c.AllReduce(ctx, bufs[r], Float32, Sum) },
+			"broadcast":  func(r int, c Comm) error { return c.Broadcast(ctx, bufs[r], Float32, 3) },
+			"barrier":    func(r int, c Comm) error { return c.Barrier(ctx) },
+		}
+		for name, f := range calls {
+			t.Run(fmt.Sprintf("%s/%dB", name, size), func(t *testing.T) {
+				var err error
+				run := func() {
+					if e := loop.step(f); e != nil && err == nil {
+						err = e
+					}
+				}
+				for range 5 {
+					run()
+				}
+				allocs := testing.AllocsPerRun(20, run)
+				for range 2 {
+					allocs = min(allocs, testing.AllocsPerRun(20, run))
+				}
+				if err != nil {
+					t.Fatal(err)
+				}
+				if allocs != 0 {
+					t.Errorf("%v allocations per call", allocs)
+				}
+			})
+		}
+	}
+}
+
+// BenchmarkHierarchicalAllReduce compares, on 2 hosts of 2 ranks faked
+// in this process (TCP between them), the hierarchical all_reduce with
+// the flat algorithms GORUN_ALGO can force.
+func BenchmarkHierarchicalAllReduce(b *testing.B) {
+	for _, algo := range []string{"hier", "ring", "rhd"} {
+		for _, s := range benchSizes[1:] {
+			b.Run(fmt.Sprintf("%s/%s", algo, s.name), func(b *testing.B) {
+				comms := hostsWorld(b, []int{0, 0, 1, 1}, TCPOptions{algo: algo})
+				ctx := context.Background()
+				bufs := make([][]byte, len(comms))
+				for r := range bufs {
+					bufs[r] = make([]byte, s.bytes)
+				}
+				run := func() {
+					mustAll(b, "all_reduce", onAll(comms, func(r int, c Comm) error {
+						return c.AllReduce(ctx, bufs[r], Float32, Sum)
+					}))
+				}
+				run()
+				b.SetBytes(int64(s.bytes))
+				b.ResetTimer()
+				start := time.Now()
+				for b.Loop() {
+					run()
+				}
+				per := time.Since(start) / time.Duration(b.N)
+				b.ReportMetric(busBandwidth(s.bytes, len(comms), per), "busbw-GB/s")
+			})
+		}
+	}
+}
