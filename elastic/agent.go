@@ -100,7 +100,7 @@ func (a *Agent) Run(ctx context.Context) (*Result, error) {
 			// kills workers elsewhere too, and that must not spend the
 			// budget. A report on a round already superseded spends nothing.
 			endWeighing := m.weigh(ctx)
-			superseded, sig := a.roundChangesWithin(ctx, r, a.spec.Dynamic.FailureGrace)
+			superseded, sig := a.roundChangesWithin(ctx, m, r, a.spec.Dynamic.FailureGrace)
 			if sig != 0 {
 				endWeighing()
 				return a.interrupted(sig, r.restarts), nil
@@ -145,18 +145,26 @@ func (a *Agent) Run(ctx context.Context) (*Result, error) {
 // roundChangesWithin waits up to grace for the round to change. A node's
 // death kills its peers' workers too, inside collectives, sooner than
 // heartbeats can tell; such failures must not spend the restart budget,
-// which is for the workers' own faults. A signal cuts the wait short.
-func (a *Agent) roundChangesWithin(ctx context.Context, r *round, grace time.Duration) (bool, syscall.Signal) {
+// which is for the workers' own faults. The wait ends early once every
+// other node has heartbeated since the failure (none was lost), and a
+// signal cuts it short.
+func (a *Agent) roundChangesWithin(ctx context.Context, m membership, r *round, grace time.Duration) (bool, syscall.Signal) {
 	if r.ranks.GroupWorldSize <= 1 || grace <= 0 {
 		return false, 0
 	}
 	a.log.Info().Stringer("grace", grace).Msg("workers failed; checking that no node was lost before spending a restart")
 	t := time.NewTimer(grace)
 	defer t.Stop()
+	aliveCtx, stopAlive := context.WithCancel(ctx)
+	defer stopAlive()
+	alive := m.awaitAlive(aliveCtx)
 	for {
 		select {
 		case <-r.changed:
 			return true, 0
+		case <-alive:
+			a.log.Info().Msg("every node is alive: the failure is the workers' own")
+			return false, 0
 		case s := <-a.opts.Signals:
 			if sig, _ := s.(syscall.Signal); !isNotice(sig) {
 				return false, sig

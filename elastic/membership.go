@@ -19,6 +19,9 @@ type membership interface {
 	// fail reports this node's failures in the current round and tells
 	// whether the job restarts.
 	fail(ctx context.Context, failures []Failure) (restart bool, err error)
+	// awaitAlive returns a channel closed once every other node of the
+	// round has shown it is alive since the call (nil: never known).
+	awaitAlive(ctx context.Context) <-chan struct{}
 	// weigh tells the other nodes that this node's workers failed and
 	// that it is deciding what to report; end tells them it is done.
 	weigh(ctx context.Context) (end func())
@@ -101,6 +104,9 @@ func (m *staticMembership) fail(_ context.Context, fs []Failure) (bool, error) {
 	return false, nil
 }
 
+// awaitAlive: a static node has no news of the others.
+func (m *staticMembership) awaitAlive(context.Context) <-chan struct{} { return nil }
+
 // weigh has no one to tell: a static node restarts on its own budget.
 func (m *staticMembership) weigh(context.Context) func() { return func() {} }
 
@@ -164,6 +170,16 @@ func (m *dynamicMembership) next(ctx context.Context) (*round, error) {
 
 func (m *dynamicMembership) fail(ctx context.Context, fs []Failure) (bool, error) {
 	return m.d.Fail(ctx, encodeFailures(fs))
+}
+
+func (m *dynamicMembership) awaitAlive(ctx context.Context) <-chan struct{} {
+	alive := make(chan struct{})
+	go func() {
+		if ok, _ := m.d.AwaitAlive(ctx); ok {
+			close(alive)
+		}
+	}()
+	return alive
 }
 
 func (m *dynamicMembership) weigh(ctx context.Context) func() {

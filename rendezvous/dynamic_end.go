@@ -169,6 +169,53 @@ func (d *Dynamic) Weigh(ctx context.Context) (end func(), err error) {
 	}, nil
 }
 
+// AwaitAlive waits until every other node of the current round has
+// heartbeated twice since the call, and reports whether they all did
+// before ctx ended: then no node of the round was lost when the call
+// began. Twice, because one increment may have been on its way when a
+// node died.
+func (d *Dynamic) AwaitAlive(ctx context.Context) (bool, error) {
+	nodes, err := d.Nodes(ctx)
+	if err != nil {
+		return false, err
+	}
+	ctx, done, err := d.begin(ctx)
+	if err != nil {
+		return false, err
+	}
+	defer done()
+	first := make(map[string]int64, len(nodes))
+	tick := time.NewTicker(d.opts.HeartbeatInterval / 2)
+	defer tick.Stop()
+	for {
+		alive := 0
+		for _, n := range nodes {
+			if n.ID == d.opts.NodeID {
+				alive++
+				continue
+			}
+			beat, err := d.beats.Add(ctx, heartbeatKey(n.ID), 0)
+			if err != nil {
+				return false, nil // ctx ended, or the store is gone: no news
+			}
+			if _, seen := first[n.ID]; !seen {
+				first[n.ID] = beat
+			}
+			if beat-first[n.ID] >= 2 {
+				alive++
+			}
+		}
+		if alive == len(nodes) {
+			return true, nil
+		}
+		select {
+		case <-tick.C:
+		case <-ctx.Done():
+			return false, nil
+		}
+	}
+}
+
 // AwaitReports waits until no node is weighing a failure (see Weigh), or
 // timeout: a node that died while weighing never ends it.
 func (d *Dynamic) AwaitReports(ctx context.Context, timeout time.Duration) error {

@@ -430,6 +430,30 @@ func TestDynamicFailuresInOneRoundSpendOneRestart(t *testing.T) {
 	})
 }
 
+// AwaitAlive says within two heartbeats that every node lives, and never
+// while one is dead.
+func TestDynamicAwaitAlive(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		job := newTestJob(t, 3, 3)
+		nodes := job.nodes("a", "b", "c")
+		nextAll(t, nodes...)
+		start := time.Now()
+		if ok, err := nodes[0].AwaitAlive(context.Background()); !ok || err != nil {
+			t.Fatalf("AwaitAlive = %v, %v with every node alive", ok, err)
+		}
+		if waited := time.Since(start); waited > 3*hb {
+			t.Errorf("took %s to see live nodes heartbeat twice (interval %s)", waited, hb)
+		}
+
+		kill(nodes[2])
+		ctx, cancel := context.WithTimeout(context.Background(), 10*hb)
+		defer cancel()
+		if ok, err := nodes[0].AwaitAlive(ctx); ok || err != nil {
+			t.Errorf("AwaitAlive = %v, %v with node c dead", ok, err)
+		}
+	})
+}
+
 // A node that ends the job waits for the nodes still weighing a failure,
 // and no longer than its grace for one that never finishes.
 func TestDynamicAwaitReports(t *testing.T) {
