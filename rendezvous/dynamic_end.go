@@ -185,7 +185,9 @@ func (d *Dynamic) AwaitAlive(ctx context.Context) (bool, error) {
 	}
 	defer done()
 	first := make(map[string]int64, len(nodes))
-	tick := time.NewTicker(d.opts.HeartbeatInterval / 2)
+	// Poll well within an interval: the answer comes one poll after the
+	// second beat.
+	tick := time.NewTicker(d.opts.HeartbeatInterval / 10)
 	defer tick.Stop()
 	for {
 		alive := 0
