@@ -116,7 +116,11 @@ func (o *op) send(peer int, buf []byte, off int) error {
 // await blocks until r is filled, the context is done, or the
 // communicator fails.
 func (o *op) await(r *recvReq) error {
-	if !o.poll(r.done) {
+	if !o.poll(r) {
+		t := o.c.t
+		t.parked.Add(1)
+		defer t.parked.Add(-1)
+		t.wakeReaders()
 		if o.hdr.coll != collSend {
 			o.c.waitingOn.Store(int32(r.peer))
 		}
@@ -141,28 +145,37 @@ func (o *op) await(r *recvReq) error {
 	return nil
 }
 
-// poll takes done's token if it comes within awaitSpin, spinning: a
-// frame from a peer that keeps pace arrives within microseconds, sooner
-// than a goroutine parked on the channel would be woken to take it. Only
-// when other threads can run the transport's reader goroutines meanwhile
-// (GOMAXPROCS > 1).
-func (o *op) poll(done chan struct{}) bool {
+// poll takes r's token if it comes within awaitSpin, spinning: a frame
+// from a peer that keeps pace arrives within microseconds, sooner than a
+// goroutine parked on the channel would be woken to take it. While it
+// spins it reads r's connection itself (inConn.poll); without one to read
+// (shared memory, AnySource) it spins only when other threads can run
+// the transport's reader goroutines meanwhile (GOMAXPROCS > 1).
+func (o *op) poll(r *recvReq) bool {
 	select {
-	case <-done:
+	case <-r.done:
 		return true
 	default:
 	}
-	if !o.c.t.spin {
+	ic := o.c.t.incoming(r.src)
+	if ic == nil && !o.c.t.spin {
 		return false
+	}
+	if ic != nil {
+		ic.spin()
+		defer ic.unspin()
 	}
 	start := time.Now()
 	for i := 1; ; i++ {
 		select {
-		case <-done:
+		case <-r.done:
 			return true
 		default:
 		}
-		if i%64 == 0 && time.Since(start) >= awaitSpin {
+		if ic != nil && !ic.poll() {
+			ic = nil // failed: its reader goroutine reports why
+		}
+		if i%8 == 0 && time.Since(start) >= awaitSpin {
 			return false
 		}
 	}

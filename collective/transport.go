@@ -1,7 +1,6 @@
 package collective
 
 import (
-	"bufio"
 	"context"
 	"errors"
 	"fmt"
@@ -11,6 +10,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/rs/zerolog"
@@ -80,8 +80,10 @@ type transport struct {
 	ln         *net.TCPListener
 	local      net.Listener // the Unix socket for same-host peers, or nil
 	hostID     string
-	shm        *shmWorld // the shared memory of this host's ranks (shm.go), or nil; set before use
-	spin       bool      // ops spin briefly for frames (op.poll)
+	shm        *shmWorld    // the shared memory of this host's ranks (shm.go), or nil; set before use
+	spin       bool         // ops spin briefly for frames (op.poll)
+	poller     *poller      // reads the incoming connections no op is reading
+	parked     atomic.Int32 // ops parked until a frame comes (op.await)
 
 	mu       sync.Mutex
 	closed   bool
@@ -106,7 +108,7 @@ type transport struct {
 type peer struct {
 	dial   sync.Mutex // serialises dialling it
 	out    *outConn
-	in     net.Conn
+	in     *inConn
 	inErr  error // why the incoming connection ended: nothing more will come
 	outErr error // why the outgoing one did: nothing more can be sent
 }
@@ -136,6 +138,12 @@ func newTransport(ctx context.Context, store rendezvous.Store, rank, size int, h
 		spin:     goruntime.GOMAXPROCS(0) > 1,
 	}
 	t.life, t.endLife = context.WithCancel(context.Background())
+	if t.poller, err = newPoller(t); err != nil {
+		ln.Close()
+		return nil, fmt.Errorf("collective: poller: %w", err)
+	}
+	t.wg.Add(1)
+	go t.poller.run()
 	local := ""
 	if t.hostID = hostID; t.hostID != "" {
 		if l, err := listenLocal(); err == nil {
@@ -205,7 +213,11 @@ func (t *transport) accept(ln net.Listener) {
 func (t *transport) serve(c net.Conn) {
 	defer t.wg.Done()
 	defer c.Close()
-	src, br, err := t.handshake(c)
+	src, err := t.handshake(c)
+	var ic *inConn
+	if err == nil {
+		ic, err = newInConn(t, src, c)
+	}
 	t.mu.Lock()
 	delete(t.handshak, c)
 	if err == nil {
@@ -215,115 +227,43 @@ func (t *transport) serve(c net.Conn) {
 		case p.in != nil || p.inErr != nil:
 			err = fmt.Errorf("collective: second connection from rank %d", src)
 		default:
-			p.in = c
+			p.in = ic
 		}
 	}
 	t.mu.Unlock()
+	if err == nil {
+		if err = t.poller.add(ic); err != nil {
+			ic.mu.Lock()
+			t.poller.drop(ic)
+			ic.mu.Unlock()
+			t.lostIncoming(src, err)
+			return
+		}
+	}
 	if err != nil {
 		t.log.Warn().Err(err).Stringer("remote", c.RemoteAddr()).Msg("rejected connection")
-		return
 	}
-	err = t.readFrames(src, br)
-	t.lostIncoming(src, err)
 }
 
-func (t *transport) handshake(c net.Conn) (int, *bufio.Reader, error) {
+// handshake reads the hello, and nothing after it: the frames that follow
+// are the inConn's to read.
+func (t *transport) handshake(c net.Conn) (int, error) {
 	tune(c)
 	c.SetReadDeadline(time.Now().Add(helloTimeout))
-	br := bufio.NewReaderSize(c, readBufferSize)
 	var b [headerSize]byte
-	if _, err := io.ReadFull(br, b[:]); err != nil {
-		return 0, nil, fmt.Errorf("collective: read hello: %w", err)
+	if _, err := io.ReadFull(c, b[:]); err != nil {
+		return 0, fmt.Errorf("collective: read hello: %w", err)
 	}
 	var h header
 	if err := h.decode(b[:]); err != nil {
-		return 0, nil, err
+		return 0, err
 	}
 	src := int(h.root)
 	if h.kind != kindHello || src < 0 || src >= t.size || src == t.rank || h.count != uint64(t.size) {
-		return 0, nil, fmt.Errorf("collective: bad hello (kind %d, rank %d, world size %d)", h.kind, src, h.count)
+		return 0, fmt.Errorf("collective: bad hello (kind %d, rank %d, world size %d)", h.kind, src, h.count)
 	}
 	c.SetReadDeadline(time.Time{})
-	return src, br, nil
-}
-
-// readFrames routes src's frames until its connection fails.
-func (t *transport) readFrames(src int, br *bufio.Reader) error {
-	var b [headerSize]byte
-	var h header
-	for {
-		if _, err := io.ReadFull(br, b[:]); err != nil {
-			return err
-		}
-		if err := h.decode(b[:]); err != nil {
-			return err
-		}
-		switch h.kind {
-		case kindData:
-			if err := t.deliver(src, &h, br); err != nil {
-				return err
-			}
-		case kindAbort, kindQuery, kindStatus:
-			payload := make([]byte, h.length)
-			if _, err := io.ReadFull(br, payload); err != nil {
-				return err
-			}
-			t.control(src, &h, payload)
-		default:
-			return fmt.Errorf("collective: unexpected frame kind %d", h.kind)
-		}
-	}
-}
-
-// deliver routes one data frame: into the receive posted for it, reading
-// the payload straight into the caller's buffer, or into a pooled buffer
-// until one is posted.
-func (t *transport) deliver(src int, h *header, br *bufio.Reader) error {
-	key := boxKey{comm: h.comm, src: src, p2p: h.coll == collSend, tag: h.tag}
-	t.mu.Lock()
-	if t.retired[h.comm] {
-		t.mu.Unlock()
-		_, err := br.Discard(int(h.length))
-		return err
-	}
-	if r := t.takePostedLocked(key, h); r != nil {
-		r.from = src
-		if *h != r.want {
-			r.got = *h
-			r.mismatch = true
-			r.complete()
-			t.mu.Unlock()
-			_, err := br.Discard(int(h.length))
-			return err
-		}
-		r.state = reqFilling
-		t.mu.Unlock()
-		_, err := io.ReadFull(br, r.buf)
-		t.mu.Lock()
-		if err != nil {
-			r.cause = fmt.Errorf("connection lost in the middle of a frame: %w", err)
-		}
-		r.complete()
-		t.mu.Unlock()
-		return err
-	}
-	t.mu.Unlock()
-
-	f := t.bufs.get(h)
-	if _, err := io.ReadFull(br, f.data); err != nil {
-		t.bufs.put(f)
-		return err
-	}
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	// A receive may have been posted while we read.
-	if r := t.takePostedLocked(key, h); r != nil {
-		t.fillLocked(r, f, src)
-		return nil
-	}
-	b := t.boxLocked(key)
-	b.frames = append(b.frames, f)
-	return nil
+	return src, nil
 }
 
 // lostIncoming records that src's connection to us ended: receives from
@@ -353,10 +293,10 @@ func (t *transport) lostIncoming(src int, err error) {
 // half-read into a buffer whose op gave up.
 func (t *transport) dropIncoming(src int) {
 	t.mu.Lock()
-	c := t.peers[src].in
+	ic := t.peers[src].in
 	t.mu.Unlock()
-	if c != nil {
-		c.Close()
+	if ic != nil {
+		ic.cut()
 	}
 }
 
@@ -494,6 +434,24 @@ func (t *transport) lostOutgoing(dst int, err error) {
 	}
 }
 
+// incoming returns src's connection to us, or nil (AnySource, not
+// connected yet, or gone).
+func (t *transport) incoming(src int) *inConn {
+	if src < 0 {
+		return nil
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.peers[src].in
+}
+
+// wakeReaders ends the rest of every resting reader (inConn.rest): an op
+// is about to park, so frames must be read by someone else, lest a peer
+// blocked on a full socket to us block what the op waits for.
+func (t *transport) wakeReaders() {
+	t.poller.wakeAll()
+}
+
 // peerGone reports why dst can no longer take part, or nil.
 func (t *transport) peerGone(dst int) error {
 	t.mu.Lock()
@@ -520,9 +478,6 @@ func (t *transport) close() {
 	var conns []net.Conn
 	var outs []*outConn
 	for i := range t.peers {
-		if p := &t.peers[i]; p.in != nil {
-			conns = append(conns, p.in)
-		}
 		if o := t.peers[i].out; o != nil {
 			outs = append(outs, o)
 		}
@@ -536,6 +491,7 @@ func (t *transport) close() {
 	}
 	t.mu.Unlock()
 
+	t.poller.interrupt()
 	t.ln.Close()
 	if t.local != nil {
 		t.local.Close()

@@ -1,0 +1,331 @@
+package collective
+
+import (
+	"cmp"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+)
+
+// inConn is the receiving end of one peer's connection: a parser that
+// reads whatever the socket holds without blocking and routes each frame
+// as it completes. Two kinds of caller drive it, one at a time (mu):
+//
+//   - an op waiting for a frame from this peer (op.poll), which reads
+//     the socket itself while it spins, so the frame lands in the op's
+//     buffer with no thread to wake in between;
+//   - the transport's poller (poller.go), when no op spins on it.
+//
+// The socket is ours alone, outside the Go runtime's poller: registered
+// there, every frame's arrival would wake a runtime thread (one blocked
+// in epoll_wait for idle Ps) only to find the op had read it already, a
+// context switch per message on the cores the ops need, which cost as
+// much as the message itself.
+type inConn struct {
+	t   *transport
+	src int // world rank of the sender
+
+	mu     sync.Mutex
+	fd     int  // a non-blocking socket, read only with mu held
+	closed bool // fd is closed (by the poller, once the connection failed)
+	buf    []byte
+	r      int // buf[r:w] is read but not parsed
+	w      int
+	err    error // sticky: why the connection can be read no further
+
+	// The frame being read: its header, and where its payload goes.
+	hdr    header
+	inBody bool
+	dst    []byte   // the payload's destination; nil to discard
+	skip   int      // payload bytes left to discard when dst is nil
+	got    int      // payload bytes in dst so far
+	req    *recvReq // the posted receive being filled, or nil
+	frame  *frame   // the pooled buffer of an unexpected frame, or nil
+
+	missed   atomic.Bool  // the poller found mu held: its holder reads again
+	spinners atomic.Int32 // ops spinning on the connection (op.poll)
+	idle     atomic.Bool  // the poller left it unarmed (poller.service)
+}
+
+// errWouldBlock says the socket is empty for now.
+var errWouldBlock = errors.New("collective: no data yet")
+
+// newInConn takes over c's socket: it duplicates the descriptor and
+// closes c, which takes c's out of the runtime's poller (no FIN goes:
+// the duplicate keeps the socket open).
+func newInConn(t *transport, src int, c net.Conn) (*inConn, error) {
+	sc, ok := c.(syscall.Conn)
+	if !ok {
+		return nil, fmt.Errorf("collective: %T has no file descriptor", c)
+	}
+	raw, err := sc.SyscallConn()
+	if err != nil {
+		return nil, err
+	}
+	fd := -1
+	cerr := raw.Control(func(s uintptr) {
+		fd, err = unix.FcntlInt(s, unix.F_DUPFD_CLOEXEC, 0)
+	})
+	if err = cmp.Or(cerr, err); err != nil {
+		return nil, fmt.Errorf("collective: duplicate socket: %w", err)
+	}
+	c.Close()
+	if err := unix.SetNonblock(fd, true); err != nil {
+		unix.Close(fd)
+		return nil, err
+	}
+	return &inConn{t: t, src: src, fd: fd, buf: make([]byte, readBufferSize)}, nil
+}
+
+// poll reads what has come, unless someone else is reading; an op calls
+// it while it spins for a frame. It reports false once the connection
+// has failed (the poller reports why).
+func (ic *inConn) poll() bool {
+	for {
+		if !ic.mu.TryLock() {
+			return true
+		}
+		err := errWouldBlock
+		switch {
+		case ic.closed:
+			err = net.ErrClosed
+		case readable(ic.fd):
+			err = ic.pump()
+		}
+		ic.mu.Unlock()
+		if err != errWouldBlock {
+			return false
+		}
+		if !ic.missed.Swap(false) {
+			return true
+		}
+	}
+}
+
+// readable asks the kernel whether fd has data (or an error) to read,
+// without taking the socket's lock as a read would: a spinning op reads
+// only once something came, and does not slow the sender's delivery.
+func readable(fd int) bool {
+	pfd := unix.PollFd{Fd: int32(fd), Events: unix.POLLIN}
+	n, _, errno := unix.RawSyscall(unix.SYS_POLL, uintptr(unsafe.Pointer(&pfd)), 1, 0)
+	return errno != 0 || n != 0
+}
+
+// spin and unspin bracket an op's spinning on the connection. The last
+// spinner to leave re-arms the connection in the poller when ops are
+// parked, since one of them may wait for its next frame.
+func (ic *inConn) spin() { ic.spinners.Add(1) }
+
+func (ic *inConn) unspin() {
+	if ic.spinners.Add(-1) == 0 && ic.t.parked.Load() > 0 {
+		ic.t.poller.wake(ic)
+	}
+}
+
+// cut shuts the socket down, so that its peer and the poller see the end;
+// used when a frame is stuck half-read into a buffer whose op gave up.
+func (ic *inConn) cut() {
+	ic.mu.Lock()
+	if !ic.closed {
+		unix.Shutdown(ic.fd, unix.SHUT_RDWR)
+	}
+	ic.mu.Unlock()
+	ic.t.poller.wake(ic)
+}
+
+// pump reads and routes frames until the socket is empty (errWouldBlock)
+// or the connection fails. Called with mu held.
+func (ic *inConn) pump() error {
+	fd := ic.fd
+	for ic.err == nil {
+		if !ic.inBody {
+			if ic.w-ic.r >= headerSize {
+				ic.err = ic.begin()
+				continue
+			}
+			if err := ic.fill(fd); err != nil {
+				return err
+			}
+			continue
+		}
+		need := ic.need()
+		if need == 0 {
+			ic.end()
+			continue
+		}
+		if ic.w > ic.r {
+			ic.take(ic.buffered(need))
+			continue
+		}
+		// The buffer is empty: a large remainder goes straight from the
+		// socket to its destination.
+		if ic.dst != nil && need >= readBufferSize/4 {
+			n, err := ic.read(fd, ic.dst[ic.got:])
+			if err != nil {
+				return err
+			}
+			ic.got += n
+			continue
+		}
+		if err := ic.fill(fd); err != nil {
+			return err
+		}
+	}
+	return ic.err
+}
+
+// fill reads into the buffer's free end, moving what is unread to its
+// start first.
+func (ic *inConn) fill(fd int) error {
+	if ic.r > 0 {
+		ic.w = copy(ic.buf, ic.buf[ic.r:ic.w])
+		ic.r = 0
+	}
+	n, err := ic.read(fd, ic.buf[ic.w:])
+	ic.w += n
+	return err
+}
+
+// read is one non-blocking read. A failure is kept, and fails the frame
+// being filled, so that whoever reads next sees it.
+func (ic *inConn) read(fd int, p []byte) (int, error) {
+	for {
+		n, err := syscall.Read(fd, p)
+		switch {
+		case err == syscall.EINTR:
+			continue
+		case err == syscall.EAGAIN:
+			return 0, errWouldBlock
+		case err != nil:
+			ic.fail(err)
+		case n == 0:
+			if ic.inBody || ic.w > ic.r {
+				ic.fail(io.ErrUnexpectedEOF)
+			} else {
+				ic.fail(io.EOF)
+			}
+		default:
+			return n, nil
+		}
+		return 0, ic.err
+	}
+}
+
+func (ic *inConn) fail(err error) {
+	ic.err = err
+	if r := ic.req; r != nil {
+		ic.req = nil
+		ic.t.mu.Lock()
+		r.cause = fmt.Errorf("connection lost in the middle of a frame: %w", err)
+		r.complete()
+		ic.t.mu.Unlock()
+	}
+	if f := ic.frame; f != nil {
+		ic.frame = nil
+		ic.t.bufs.put(f)
+	}
+}
+
+// need is how many payload bytes the current frame still wants.
+func (ic *inConn) need() int {
+	if ic.dst == nil {
+		return ic.skip
+	}
+	return len(ic.dst) - ic.got
+}
+
+// buffered is how many of need bytes the buffer holds.
+func (ic *inConn) buffered(need int) int { return min(need, ic.w-ic.r) }
+
+// take moves n buffered bytes into the current frame.
+func (ic *inConn) take(n int) {
+	if ic.dst == nil {
+		ic.skip -= n
+	} else {
+		copy(ic.dst[ic.got:], ic.buf[ic.r:ic.r+n])
+		ic.got += n
+	}
+	ic.r += n
+}
+
+// begin decodes the buffered header and decides where its payload goes:
+// into the receive posted for it, into a pooled buffer until one is
+// posted, or nowhere.
+func (ic *inConn) begin() error {
+	h := &ic.hdr
+	if err := h.decode(ic.buf[ic.r : ic.r+headerSize]); err != nil {
+		return err
+	}
+	ic.r += headerSize
+	ic.inBody, ic.got, ic.dst, ic.skip = true, 0, nil, 0
+	switch h.kind {
+	case kindData:
+	case kindAbort, kindQuery, kindStatus:
+		ic.dst = make([]byte, h.length)
+		return nil
+	default:
+		return fmt.Errorf("collective: unexpected frame kind %d", h.kind)
+	}
+	t := ic.t
+	key := boxKey{comm: h.comm, src: ic.src, p2p: h.coll == collSend, tag: h.tag}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.retired[h.comm] {
+		ic.skip = int(h.length)
+		return nil
+	}
+	if r := t.takePostedLocked(key, h); r != nil {
+		r.from = ic.src
+		if *h != r.want {
+			r.got = *h
+			r.mismatch = true
+			r.complete()
+			ic.skip = int(h.length)
+			return nil
+		}
+		r.state = reqFilling
+		ic.req, ic.dst = r, r.buf
+		return nil
+	}
+	ic.frame = t.bufs.get(h)
+	ic.dst = ic.frame.data
+	return nil
+}
+
+// end routes the frame whose payload has all come.
+func (ic *inConn) end() {
+	t := ic.t
+	ic.inBody = false
+	h := ic.hdr
+	switch r, f := ic.req, ic.frame; {
+	case r != nil:
+		ic.req = nil
+		t.mu.Lock()
+		r.complete()
+		t.mu.Unlock()
+	case f != nil:
+		ic.frame = nil
+		key := boxKey{comm: h.comm, src: ic.src, p2p: h.coll == collSend, tag: h.tag}
+		t.mu.Lock()
+		// A receive may have been posted while we read.
+		if r := t.takePostedLocked(key, &h); r != nil {
+			t.fillLocked(r, f, ic.src)
+		} else {
+			b := t.boxLocked(key)
+			b.frames = append(b.frames, f)
+		}
+		t.mu.Unlock()
+	case h.kind != kindData:
+		payload := ic.dst
+		ic.dst = nil
+		t.control(ic.src, &h, payload)
+	}
+	ic.dst = nil
+}
