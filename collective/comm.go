@@ -412,7 +412,7 @@ func (t *transport) sendControl(dst int, h *header, payload []byte) {
 	}
 	r := &sendReq{payload: payload, done: make(chan struct{}, 1)}
 	h.encode(&r.hdr)
-	oc.enqueue(r)
+	oc.enqueue(r, false)
 	select {
 	case <-r.done:
 	case <-ctx.Done():

@@ -16,7 +16,8 @@ import (
 //	 6 reduce  u8   the reduction operator
 //	 7 algo    u8   the algorithm the sender runs
 //	 8 comm    u64  communicator id (world or a Split of it)
-//	16 seq     u64  the collective's sequence number in comm
+//	16 seq     u64  the collective's sequence number in comm; in a
+//	                hello, the sender's process id
 //	24 count   u64  the collective's element count (see call)
 //	32 offset  u64  where the payload goes in the receiver's buffer
 //	40 root    i32  root rank; in a hello, the sender's world rank

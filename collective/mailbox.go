@@ -75,7 +75,8 @@ func (r *recvReq) complete() {
 type sendReq struct {
 	hdr     [headerSize]byte
 	payload []byte
-	peer    int // comm rank, for errors
+	peer    int      // comm rank, for errors
+	conn    *outConn // where it is queued
 
 	canceled atomic.Bool // set by an op that gave up; the writer skips it
 	err      error       // set before done is signalled
@@ -115,7 +116,7 @@ func (p *reqPool) send() *sendReq {
 }
 
 func (p *reqPool) putSend(r *sendReq) {
-	r.payload = nil
+	r.payload, r.conn = nil, nil
 	r.err = nil
 	r.consumed = false
 	r.canceled.Store(false)

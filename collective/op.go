@@ -15,12 +15,13 @@ import (
 // still outstanding so the caller's buffers are free when the call
 // returns, and tells the other ranks.
 type op struct {
-	c     *comm
-	ctx   context.Context
-	hdr   header // the template of this op's data frames
-	recvs []*recvReq
-	sends []*sendReq
-	held  []*frame // scratch buffers, back to the pool at finish
+	c      *comm
+	ctx    context.Context
+	hdr    header // the template of this op's data frames
+	recvs  []*recvReq
+	sends  []*sendReq
+	unsent int      // sends before it are written (drive)
+	held   []*frame // scratch buffers, back to the pool at finish
 }
 
 func (o *op) reset(c *comm, ctx context.Context, h header) {
@@ -103,9 +104,9 @@ func (o *op) send(peer int, buf []byte, off int) error {
 		h.offset = uint64(off + lo)
 		h.length = uint32(hi - lo)
 		h.encode(&r.hdr)
-		r.payload, r.peer = buf[lo:hi], peer
+		r.payload, r.peer, r.conn = buf[lo:hi], peer, oc
 		o.sends = append(o.sends, r)
-		oc.enqueue(r)
+		oc.enqueue(r, true)
 		if hi == len(buf) {
 			break
 		}
@@ -121,6 +122,7 @@ func (o *op) await(r *recvReq) error {
 		t.parked.Add(1)
 		defer t.parked.Add(-1)
 		t.wakeReaders()
+		o.handoff()
 		if o.hdr.coll != collSend {
 			o.c.waitingOn.Store(int32(r.peer))
 		}
@@ -145,12 +147,16 @@ func (o *op) await(r *recvReq) error {
 	return nil
 }
 
-// poll takes r's token if it comes within awaitSpin, spinning: a frame
-// from a peer that keeps pace arrives within microseconds, sooner than a
-// goroutine parked on the channel would be woken to take it. While it
-// spins it reads r's connection itself (inConn.poll); without one to read
-// (shared memory, AnySource) it spins only when other threads can run
-// the transport's reader goroutines meanwhile (GOMAXPROCS > 1).
+// poll takes r's token if it comes soon, spinning: a frame from a peer
+// that keeps pace arrives within microseconds, sooner than a goroutine
+// parked on the channel would be woken to take it. While it spins it
+// reads r's connection itself (inConn.poll), first for awaitSpin, then,
+// yielding the core between looks (a peer of a machine with more ranks
+// than cores may need it to send what we wait for), for up to
+// awaitYieldSpin. Without a connection to read (shared memory,
+// AnySource, not connected yet) it spins only for awaitSpin and only when
+// other threads can run the transport's poller meanwhile (GOMAXPROCS >
+// 1).
 func (o *op) poll(r *recvReq) bool {
 	select {
 	case <-r.done:
@@ -161,7 +167,9 @@ func (o *op) poll(r *recvReq) bool {
 	if ic == nil && !o.c.t.spin {
 		return false
 	}
+	limit := awaitSpin
 	if ic != nil {
+		limit = awaitYieldSpin
 		ic.spin()
 		defer ic.unspin()
 	}
@@ -173,10 +181,16 @@ func (o *op) poll(r *recvReq) bool {
 		default:
 		}
 		if ic != nil && !ic.poll() {
-			ic = nil // failed: its reader goroutine reports why
+			ic, limit = nil, awaitSpin // failed: the poller reports why
 		}
-		if i%8 == 0 && time.Since(start) >= awaitSpin {
-			return false
+		o.drive()
+		if i%8 == 0 {
+			switch spun := time.Since(start); {
+			case spun >= limit:
+				return false
+			case spun >= awaitSpin:
+				o.c.t.yield()
+			}
 		}
 	}
 }
@@ -191,15 +205,29 @@ func (o *op) awaitAll(rs []*recvReq) error {
 }
 
 // flush waits until every queued send has been written, so that the
-// buffers they read from may change.
+// buffers they read from may change. It writes them itself (drive) for
+// up to awaitYieldSpin before it hands them to the writer goroutines.
 func (o *op) flush() error {
-	for _, s := range o.sends {
+	start := time.Now()
+	for i, s := range o.sends {
 		if s.consumed {
 			continue
+		}
+		for j := 1; len(s.done) == 0; j++ {
+			o.drive()
+			if j%8 == 0 {
+				if spun := time.Since(start); spun >= awaitYieldSpin {
+					break
+				} else if spun >= awaitSpin {
+					o.c.t.yield()
+				}
+			}
 		}
 		select {
 		case <-s.done:
 		default:
+			o.unsent = i
+			o.handoff()
 			select {
 			case <-s.done:
 			case <-o.ctx.Done():
@@ -214,6 +242,37 @@ func (o *op) flush() error {
 		}
 	}
 	return nil
+}
+
+// drive writes the op's queued frames as far as their sockets take them
+// now (outConn.drive).
+func (o *op) drive() {
+	var last *outConn
+	for i := o.unsent; i < len(o.sends); i++ {
+		s := o.sends[i]
+		if s.consumed || len(s.done) > 0 {
+			if i == o.unsent {
+				o.unsent++
+			}
+			continue
+		}
+		if s.conn != last {
+			last = s.conn
+			last.drive()
+		}
+	}
+}
+
+// handoff gives the op's unwritten frames to the writer goroutines: the
+// op is about to block on something other than its sockets.
+func (o *op) handoff() {
+	var last *outConn
+	for _, s := range o.sends[o.unsent:] {
+		if !s.consumed && len(s.done) == 0 && s.conn != last {
+			last = s.conn
+			last.handoff()
+		}
+	}
 }
 
 // scratch returns an n-byte buffer of the op's own, pooled.
@@ -268,6 +327,7 @@ func (o *op) withdraw() {
 		}
 		r.consumed = true
 	}
+	o.handoff()
 	for _, s := range o.sends {
 		if s.consumed {
 			continue
@@ -344,6 +404,7 @@ func (o *op) release() {
 	clear(o.sends)
 	clear(o.held)
 	o.recvs, o.sends, o.held = o.recvs[:0], o.sends[:0], o.held[:0]
+	o.unsent = 0
 	o.ctx = nil
 }
 

@@ -33,6 +33,7 @@ func (o *op) awaitShared(peer int, word *atomic.Uint32, stamp uint32, current bo
 			return o.checkSharedPeer(peer, current)
 		}
 	}
+	o.handoff() // nobody drives our sockets while we wait here
 	s := o.c.shm
 	region := &s.regions[peer]
 	o.c.waitingOn.Store(int32(peer))

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"os"
 	goruntime "runtime"
 	"strconv"
 	"strings"
@@ -54,6 +55,9 @@ const (
 	// awaitSpin is how long an op spins for a frame before it parks
 	// (op.poll).
 	awaitSpin = 50 * time.Microsecond
+	// awaitYieldSpin is how long an op reading its peer's socket keeps
+	// spinning, yielding the core between looks, before it parks.
+	awaitYieldSpin = 2 * time.Millisecond
 	// inlineWriteMax is the largest payload a sender writes itself rather
 	// than through the connection's writer goroutine (outConn.enqueue).
 	inlineWriteMax = 64 << 10
@@ -84,6 +88,9 @@ type transport struct {
 	spin       bool         // ops spin briefly for frames (op.poll)
 	poller     *poller      // reads the incoming connections no op is reading
 	parked     atomic.Int32 // ops parked until a frame comes (op.await)
+	// goroutinePeers: some peer is a goroutine of this process (tests), so
+	// a spinning op yields to goroutines rather than to threads (yield).
+	goroutinePeers atomic.Bool
 
 	mu       sync.Mutex
 	closed   bool
@@ -263,6 +270,9 @@ func (t *transport) handshake(c net.Conn) (int, error) {
 		return 0, fmt.Errorf("collective: bad hello (kind %d, rank %d, world size %d)", h.kind, src, h.count)
 	}
 	c.SetReadDeadline(time.Time{})
+	if h.seq == uint64(os.Getpid()) {
+		t.goroutinePeers.Store(true)
+	}
 	return src, nil
 }
 
@@ -322,8 +332,11 @@ func (t *transport) outgoing(ctx context.Context, dst int) (*outConn, error) {
 		}
 		return nil, err
 	}
-	o := &outConn{t: t, peer: dst, conn: c}
-	o.cond.L = &o.mu
+	o, err := newOutConn(t, dst, c)
+	if err != nil {
+		c.Close()
+		return nil, err
+	}
 	t.mu.Lock()
 	if t.closed {
 		t.mu.Unlock()
@@ -362,7 +375,7 @@ func (t *transport) dial(ctx context.Context, dst int) (net.Conn, error) {
 	}
 	tune(c)
 	var b [headerSize]byte
-	hello := header{kind: kindHello, root: int32(t.rank), count: uint64(t.size)}
+	hello := header{kind: kindHello, root: int32(t.rank), count: uint64(t.size), seq: uint64(os.Getpid())}
 	hello.encode(&b)
 	if _, err := c.Write(b[:]); err != nil {
 		c.Close()
@@ -445,6 +458,16 @@ func (t *transport) incoming(src int) *inConn {
 	return t.peers[src].in
 }
 
+// yield lets what a spinning op waits for run: another process's thread,
+// or, when peers are goroutines of this process, another goroutine.
+func (t *transport) yield() {
+	if t.goroutinePeers.Load() {
+		goruntime.Gosched()
+	} else {
+		yieldProcessor()
+	}
+}
+
 // wakeReaders ends the rest of every resting reader (inConn.rest): an op
 // is about to park, so frames must be read by someone else, lest a peer
 // blocked on a full socket to us block what the op waits for.
@@ -524,137 +547,6 @@ func tune(c net.Conn) {
 		c.SetReadBuffer(socketBufferSize)
 		c.SetWriteBuffer(socketBufferSize)
 	}
-}
-
-// outConn is our connection to one peer, written by one goroutine.
-type outConn struct {
-	t    *transport
-	peer int // world rank
-	conn net.Conn
-
-	mu      sync.Mutex
-	cond    sync.Cond // signalled when queue grows, writing ends or err is set
-	queue   []*sendReq
-	writing bool  // a frame is being written, by the writer or inline (enqueue)
-	err     error // set once; queued and later sends fail with it
-
-	// The writer's batch and the inline write's frame; fields, so that
-	// they are not allocated per write.
-	bufs       net.Buffers
-	inline     [2][]byte
-	inlineBufs net.Buffers
-}
-
-// enqueue sends r's frame; r finishes when it is written or cannot be.
-// A small frame with nothing ahead of it is written at once by the
-// caller: handing it to the writer goroutine would cost more than the
-// write (waking a goroutine, often a thread, on each side of a message).
-// Larger ones are queued, so that the op goes on while they drain.
-func (o *outConn) enqueue(r *sendReq) {
-	o.mu.Lock()
-	if err := o.err; err != nil {
-		o.mu.Unlock()
-		r.finish(err)
-		return
-	}
-	if o.writing || len(o.queue) > 0 || len(r.payload) > inlineWriteMax {
-		o.queue = append(o.queue, r)
-		o.mu.Unlock()
-		o.cond.Signal()
-		return
-	}
-	o.writing = true
-	o.mu.Unlock()
-	o.inline[0], o.inline[1] = r.hdr[:], r.payload
-	o.inlineBufs = o.inline[:]
-	_, err := o.inlineBufs.WriteTo(o.conn)
-	o.inline[1] = nil // drop the reference to the caller's buffer
-	r.finish(err)
-	o.mu.Lock()
-	o.writing = false
-	more := len(o.queue) > 0
-	o.mu.Unlock()
-	if more {
-		o.cond.Signal()
-	}
-	if err != nil {
-		o.t.lostOutgoing(o.peer, err)
-	}
-}
-
-// write sends whatever is queued, all of it in one writev, until fail.
-func (o *outConn) write() {
-	defer o.t.wg.Done()
-	var batch []*sendReq
-	var iov [][]byte
-	for {
-		o.mu.Lock()
-		for (len(o.queue) == 0 || o.writing) && o.err == nil {
-			o.cond.Wait()
-		}
-		if err := o.err; err != nil {
-			rest := o.queue
-			o.queue = nil
-			o.mu.Unlock()
-			for _, r := range rest {
-				r.finish(err)
-			}
-			return
-		}
-		batch = append(batch[:0], o.queue...)
-		clear(o.queue)
-		o.queue = o.queue[:0]
-		o.writing = true
-		o.mu.Unlock()
-
-		iov = iov[:0]
-		for _, r := range batch {
-			if r.canceled.Load() {
-				continue
-			}
-			iov = append(iov, r.hdr[:])
-			if len(r.payload) > 0 {
-				iov = append(iov, r.payload)
-			}
-		}
-		o.bufs = iov
-		_, err := o.bufs.WriteTo(o.conn)
-		clear(iov) // drop references to callers' buffers
-		for _, r := range batch {
-			r.finish(err)
-		}
-		clear(batch)
-		o.mu.Lock()
-		o.writing = false
-		o.mu.Unlock()
-		if err != nil {
-			o.t.lostOutgoing(o.peer, err)
-		}
-	}
-}
-
-// watch waits for the peer to end the connection. The peer never writes
-// on it, so a read returns only when it closed or died (EOF, reset), and
-// sends fail then instead of filling the socket buffer first.
-func (o *outConn) watch() {
-	defer o.t.wg.Done()
-	var b [1]byte
-	_, err := o.conn.Read(b[:])
-	if err == nil {
-		err = errors.New("collective: peer wrote on a send-only connection")
-	}
-	o.t.lostOutgoing(o.peer, err)
-}
-
-// fail stops the connection: queued and later sends finish with err.
-func (o *outConn) fail(err error) {
-	o.mu.Lock()
-	if o.err == nil {
-		o.err = err
-	}
-	o.mu.Unlock()
-	o.cond.Broadcast()
-	o.conn.Close()
 }
 
 // hostIDs reads every rank's host identity from the store ("" for a rank
