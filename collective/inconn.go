@@ -9,7 +9,6 @@ import (
 	"sync"
 	"sync/atomic"
 	"syscall"
-	"unsafe"
 
 	"golang.org/x/sys/unix"
 )
@@ -107,15 +106,6 @@ func (ic *inConn) poll() bool {
 			return true
 		}
 	}
-}
-
-// readable asks the kernel whether fd has data (or an error) to read,
-// without taking the socket's lock as a read would: a spinning op reads
-// only once something came, and does not slow the sender's delivery.
-func readable(fd int) bool {
-	pfd := unix.PollFd{Fd: int32(fd), Events: unix.POLLIN}
-	n, _, errno := unix.RawSyscall(unix.SYS_POLL, uintptr(unsafe.Pointer(&pfd)), 1, 0)
-	return errno != 0 || n != 0
 }
 
 // spin and unspin bracket an op's spinning on the connection. The last

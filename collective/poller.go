@@ -1,7 +1,6 @@
 package collective
 
 import (
-	"errors"
 	"sync"
 	"time"
 
@@ -19,9 +18,8 @@ import (
 // passes, so that a frame no op waits for (a peer's query) is not left
 // unread for long.
 type poller struct {
-	t     *transport
-	epfd  int
-	wakeF int // an eventfd that interrupts epoll_wait (close)
+	t   *transport
+	set *pollSet // the descriptors and their arming (epoll on Linux)
 
 	mu    sync.Mutex
 	conns map[int]*inConn // by sender's world rank
@@ -30,27 +28,12 @@ type poller struct {
 // restLimit bounds how long a connection stays unarmed.
 const restLimit = 100 * time.Millisecond
 
-// wakeKey marks the eventfd's events; connections use their sender's
-// rank.
-const wakeKey = -1
-
 func newPoller(t *transport) (*poller, error) {
-	epfd, err := unix.EpollCreate1(unix.EPOLL_CLOEXEC)
+	set, err := newPollSet()
 	if err != nil {
 		return nil, err
 	}
-	wakeF, err := unix.Eventfd(0, unix.EFD_CLOEXEC|unix.EFD_NONBLOCK)
-	if err != nil {
-		unix.Close(epfd)
-		return nil, err
-	}
-	ev := unix.EpollEvent{Events: unix.EPOLLIN, Fd: wakeKey}
-	if err := unix.EpollCtl(epfd, unix.EPOLL_CTL_ADD, wakeF, &ev); err != nil {
-		unix.Close(epfd)
-		unix.Close(wakeF)
-		return nil, err
-	}
-	return &poller{t: t, epfd: epfd, wakeF: wakeF, conns: make(map[int]*inConn)}, nil
+	return &poller{t: t, set: set, conns: make(map[int]*inConn)}, nil
 }
 
 // add starts watching ic.
@@ -58,8 +41,7 @@ func (p *poller) add(ic *inConn) error {
 	p.mu.Lock()
 	p.conns[ic.src] = ic
 	p.mu.Unlock()
-	ev := unix.EpollEvent{Events: armEvents, Fd: int32(ic.src)}
-	if err := unix.EpollCtl(p.epfd, unix.EPOLL_CTL_ADD, ic.fd, &ev); err != nil {
+	if err := p.set.add(ic.fd, ic.src); err != nil {
 		p.mu.Lock()
 		delete(p.conns, ic.src)
 		p.mu.Unlock()
@@ -68,13 +50,8 @@ func (p *poller) add(ic *inConn) error {
 	return nil
 }
 
-const armEvents = unix.EPOLLIN | unix.EPOLLRDHUP | unix.EPOLLONESHOT
-
 // arm asks for ic's next readiness event; one pending now comes at once.
-func (p *poller) arm(ic *inConn) {
-	ev := unix.EpollEvent{Events: armEvents, Fd: int32(ic.src)}
-	unix.EpollCtl(p.epfd, unix.EPOLL_CTL_MOD, ic.fd, &ev)
-}
+func (p *poller) arm(ic *inConn) { p.set.arm(ic.fd, ic.src) }
 
 // wake arms ic if the poller left it idle.
 func (p *poller) wake(ic *inConn) {
@@ -95,26 +72,24 @@ func (p *poller) wakeAll() {
 // run serves readiness events until the transport closes.
 func (p *poller) run() {
 	defer p.t.wg.Done()
-	events := make([]unix.EpollEvent, 64)
+	ready := make([]int, 0, 64)
 	lastSweep := time.Now()
 	for {
-		n, err := unix.EpollWait(p.epfd, events, int(restLimit/time.Millisecond))
+		var err error
+		ready, err = p.set.wait(ready[:0], restLimit)
 		select {
 		case <-p.t.done:
 			p.shut()
 			return
 		default:
 		}
-		if err != nil && !errors.Is(err, unix.EINTR) {
-			p.t.log.Error().Err(err).Msg("epoll_wait failed; incoming frames are read by ops only")
+		if err != nil {
+			p.t.log.Error().Err(err).Msg("waiting for sockets failed; incoming frames are read by ops only")
 			return
 		}
-		for _, ev := range events[:max(n, 0)] {
-			if ev.Fd == wakeKey {
-				continue
-			}
+		for _, src := range ready {
 			p.mu.Lock()
-			ic := p.conns[int(ev.Fd)]
+			ic := p.conns[src]
 			p.mu.Unlock()
 			if ic != nil {
 				p.service(ic)
@@ -171,17 +146,14 @@ func (p *poller) drop(ic *inConn) {
 	}
 	p.mu.Unlock()
 	if !ic.closed {
-		unix.EpollCtl(p.epfd, unix.EPOLL_CTL_DEL, ic.fd, nil)
+		p.set.remove(ic.fd)
 		unix.Close(ic.fd)
 		ic.closed = true
 	}
 }
 
 // interrupt makes run see that the transport closed.
-func (p *poller) interrupt() {
-	var one = [8]byte{1}
-	unix.Write(p.wakeF, one[:])
-}
+func (p *poller) interrupt() { p.set.interrupt() }
 
 // shut closes every socket and the poller's own descriptors.
 func (p *poller) shut() {
@@ -196,6 +168,5 @@ func (p *poller) shut() {
 		p.drop(ic)
 		ic.mu.Unlock()
 	}
-	unix.Close(p.epfd)
-	unix.Close(p.wakeF)
+	p.set.close()
 }
