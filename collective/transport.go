@@ -22,12 +22,18 @@ import (
 // The TCP transport. Each ordered pair of ranks has its own connection:
 // rank i dials j the first time it sends to j, announces itself with a
 // hello frame, and only writes; j only reads. So each direction is one
-// FIFO stream, and no two ranks ever race to dial each other. A writer
-// goroutine per outgoing connection sends queued frames with writev,
-// batching what is queued, so ops overlap sending with receiving and
-// reducing; a reader goroutine per incoming connection routes frames into
-// mailboxes (mailbox.go), reading payloads straight into posted buffers.
-// Every communicator split from the world shares these connections.
+// FIFO stream, and no two ranks ever race to dial each other. Frames
+// are routed into mailboxes (mailbox.go), payloads read straight into
+// posted buffers. Every communicator split from the world shares these
+// connections.
+//
+// Like MPI's progress engine, an op moves its own bytes: while it waits it
+// reads its peer's socket (inconn.go) and writes its queued frames
+// (outconn.go) without blocking, so one thread per rank keeps both
+// directions going and no frame waits for another thread to be woken.
+// Only before an op blocks do its frames pass to a writer goroutine per
+// outgoing connection and the reading to the transport's poller
+// (poller.go), which also reads whatever comes while no op waits.
 //
 // Ranks on one host take a shortcut: each also listens on an abstract
 // Unix socket (Linux), and a peer on the same host (same boot id and host
@@ -46,8 +52,9 @@ const (
 	// helloTimeout bounds how long an accepted connection may take to say
 	// who it is; garbage and port scanners are dropped after it.
 	helloTimeout = 10 * time.Second
-	// readBufferSize buffers headers and small frames; payloads at least
-	// this large are read into their destination directly.
+	// readBufferSize buffers headers and small frames; the rest of a
+	// payload of at least a quarter of it is read into its destination
+	// directly.
 	readBufferSize = 32 << 10
 	// socketBufferSize is asked of the kernel for both directions, so a
 	// pipelined segment or two fits in flight.
@@ -58,8 +65,9 @@ const (
 	// awaitYieldSpin is how long an op reading its peer's socket keeps
 	// spinning, yielding the core between looks, before it parks.
 	awaitYieldSpin = 2 * time.Millisecond
-	// inlineWriteMax is the largest payload a sender writes itself rather
-	// than through the connection's writer goroutine (outConn.enqueue).
+	// inlineWriteMax is the largest payload a sender writes at once,
+	// before it goes on with its op (outConn.enqueue); larger ones are
+	// written while the op waits.
 	inlineWriteMax = 64 << 10
 	// cancelGrace is how long a failing op waits for a frame being read
 	// into, or written from, the caller's buffer before cutting that
