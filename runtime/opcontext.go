@@ -22,7 +22,7 @@ type opContext struct {
 	timer *time.Timer // runs expire
 
 	mu       sync.Mutex
-	firesAt  time.Time // when timer fires; zero while it is stopped
+	firesAt  time.Time       // when timer fires; zero while it is stopped
 	caller   context.Context // the running operation's; nil between operations
 	deadline time.Time       // the running operation's
 	done     chan struct{}
