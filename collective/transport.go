@@ -59,11 +59,12 @@ const (
 	// socketBufferSize is asked of the kernel for both directions, so a
 	// pipelined segment or two fits in flight.
 	socketBufferSize = 4 << 20
-	// awaitSpin is how long an op spins for a frame before it parks
-	// (op.poll).
+	// awaitSpin is how long an op spins for a frame it cannot read
+	// itself before it parks (op.poll).
 	awaitSpin = 50 * time.Microsecond
-	// awaitYieldSpin is how long an op reading its peer's socket keeps
-	// spinning, yielding the core between looks, before it parks.
+	// awaitYieldSpin is how long an op reading its peer's socket, or
+	// writing its frames, spins, yielding the core between looks, before
+	// it parks.
 	awaitYieldSpin = 2 * time.Millisecond
 	// inlineWriteMax is the largest payload a sender writes at once,
 	// before it goes on with its op (outConn.enqueue); larger ones are
