@@ -6,7 +6,7 @@ package collective
 
 // ringSlots is how many received segments the reduce-scatter keeps posted
 // ahead, so the next ones land in place while it reduces the current one.
-const ringSlots = 4
+const ringSlots = 8
 
 // ringReduceScatter reduces buf in place until chunks[r] holds the
 // reduction of every rank's chunk r on rank r (other chunks hold partial
