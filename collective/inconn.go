@@ -85,7 +85,7 @@ func newInConn(t *transport, src int, c net.Conn) (*inConn, error) {
 
 // poll reads what has come, unless someone else is reading; an op calls
 // it while it spins for a frame. It reports false once the connection
-// has failed (the poller reports why).
+// has failed, and reports why to the transport itself.
 func (ic *inConn) poll() bool {
 	for {
 		if !ic.mu.TryLock() {
@@ -98,10 +98,18 @@ func (ic *inConn) poll() bool {
 		case readable(ic.fd):
 			err = ic.pump()
 		}
-		ic.mu.Unlock()
 		if err != errWouldBlock {
+			// Report it now: the socket may stay silent, and the poller
+			// would never look at it again.
+			dropped := !ic.closed
+			ic.t.poller.drop(ic)
+			ic.mu.Unlock()
+			if dropped {
+				ic.t.lostIncoming(ic.src, err)
+			}
 			return false
 		}
+		ic.mu.Unlock()
 		if !ic.missed.Swap(false) {
 			return true
 		}

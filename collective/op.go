@@ -118,11 +118,8 @@ func (o *op) send(peer int, buf []byte, off int) error {
 // communicator fails.
 func (o *op) await(r *recvReq) error {
 	if !o.poll(r) {
-		t := o.c.t
-		t.parked.Add(1)
-		defer t.parked.Add(-1)
-		t.wakeReaders()
-		o.handoff()
+		o.park()
+		defer o.unpark()
 		if o.hdr.coll != collSend {
 			o.c.waitingOn.Store(int32(r.peer))
 		}
@@ -226,13 +223,8 @@ func (o *op) flush() error {
 		case <-s.done:
 		default:
 			o.unsent = i
-			o.handoff()
-			select {
-			case <-s.done:
-			case <-o.ctx.Done():
-				return o.timedOut("sending to", nil)
-			case <-o.c.failed:
-				return o.c.failure()
+			if err := o.awaitSend(s); err != nil {
+				return err
 			}
 		}
 		s.consumed = true
@@ -242,6 +234,33 @@ func (o *op) flush() error {
 	}
 	return nil
 }
+
+// awaitSend blocks until s is written, the context is done, or the
+// communicator fails.
+func (o *op) awaitSend(s *sendReq) error {
+	o.park()
+	defer o.unpark()
+	select {
+	case <-s.done:
+		return nil
+	case <-o.ctx.Done():
+		return o.timedOut("sending to", nil)
+	case <-o.c.failed:
+		return o.c.failure()
+	}
+}
+
+// park readies the transport for the op to block on a channel: its
+// frames go to the writer goroutines, and the poller reads every
+// connection (an op spinning on one left it to them), since what the op
+// waits for may depend on a peer that is blocked writing to us.
+func (o *op) park() {
+	o.c.t.parked.Add(1)
+	o.c.t.wakeReaders()
+	o.handoff()
+}
+
+func (o *op) unpark() { o.c.t.parked.Add(-1) }
 
 // drive writes the op's queued frames as far as their sockets take them
 // now (outConn.drive).
@@ -313,6 +332,8 @@ func (o *op) finish(err error) error {
 // cut off with its connection after cancelGrace.
 func (o *op) withdraw() {
 	t := o.c.t
+	o.park()
+	defer o.unpark()
 	for _, r := range o.recvs {
 		if r.consumed {
 			continue
@@ -326,7 +347,6 @@ func (o *op) withdraw() {
 		}
 		r.consumed = true
 	}
-	o.handoff()
 	for _, s := range o.sends {
 		if s.consumed {
 			continue

@@ -71,9 +71,9 @@ func newOutConn(t *transport, peer int, c net.Conn) (*outConn, error) {
 }
 
 // enqueue queues r's frame; r finishes when it is written or cannot be.
-// A small frame with nothing ahead of it is written at once. A driven
-// frame is otherwise left for the op to write (drive); any other is
-// handed to the writer goroutine.
+// A small frame with nothing ahead of it is written at once, as far as
+// the socket takes it. The rest of a driven frame is left for its op to
+// write (drive); any other is handed to the writer goroutine.
 func (o *outConn) enqueue(r *sendReq, driven bool) {
 	o.mu.Lock()
 	if err := o.err; err != nil {
@@ -82,10 +82,11 @@ func (o *outConn) enqueue(r *sendReq, driven bool) {
 		return
 	}
 	o.queue = append(o.queue, r)
-	inline := !o.writing && len(o.queue) == 1 && len(r.payload) <= inlineWriteMax
-	if !inline {
-		if !driven {
-			o.handed = true
+	if !driven {
+		o.handed = true
+	}
+	if o.writing || len(o.queue) > 1 || len(r.payload) > inlineWriteMax {
+		if o.handed {
 			o.cond.Signal()
 		}
 		o.mu.Unlock()
@@ -93,9 +94,7 @@ func (o *outConn) enqueue(r *sendReq, driven bool) {
 	}
 	o.writing = true
 	o.mu.Unlock()
-	// Blocking, but a small frame fits the socket's buffer unless the
-	// peer stopped reading.
-	o.release(o.pushAll())
+	o.release(o.pushNow())
 }
 
 // drive writes what the socket takes now, unless someone else is
@@ -108,11 +107,19 @@ func (o *outConn) drive() {
 	}
 	o.writing = true
 	o.mu.Unlock()
-	err := o.raw.Control(o.pushOnce)
-	if err == nil && o.pushErr != errWouldBlock {
-		err = o.pushErr
+	o.release(o.pushNow())
+}
+
+// pushNow writes what the socket takes without waiting. The caller holds
+// the right to write.
+func (o *outConn) pushNow() error {
+	if err := o.raw.Control(o.pushOnce); err != nil {
+		return err
 	}
-	o.release(err)
+	if o.pushErr == errWouldBlock {
+		return nil
+	}
+	return o.pushErr
 }
 
 // handoff has the writer goroutine write what is queued: the op that

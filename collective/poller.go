@@ -1,7 +1,9 @@
 package collective
 
 import (
+	"net"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -21,8 +23,13 @@ type poller struct {
 	t   *transport
 	set *pollSet // the descriptors and their arming (epoll on Linux)
 
-	mu    sync.Mutex
-	conns map[int]*inConn // by sender's world rank
+	// Lock order: an inConn's mu before mu, never the other way.
+	mu     sync.Mutex
+	conns  map[int]*inConn // by sender's world rank
+	closed bool            // shut: no socket is added
+	// list is conns as a slice, replaced whole when conns changes, so
+	// that parking ops walk it without a lock or an allocation.
+	list atomic.Pointer[[]*inConn]
 }
 
 // restLimit bounds how long a connection stays unarmed.
@@ -39,34 +46,57 @@ func newPoller(t *transport) (*poller, error) {
 // add starts watching ic.
 func (p *poller) add(ic *inConn) error {
 	p.mu.Lock()
-	p.conns[ic.src] = ic
-	p.mu.Unlock()
+	defer p.mu.Unlock()
+	if p.closed {
+		return ErrClosed
+	}
 	if err := p.set.add(ic.fd, ic.src); err != nil {
-		p.mu.Lock()
-		delete(p.conns, ic.src)
-		p.mu.Unlock()
 		return err
 	}
+	p.conns[ic.src] = ic
+	p.relist()
 	return nil
 }
 
-// arm asks for ic's next readiness event; one pending now comes at once.
-func (p *poller) arm(ic *inConn) { p.set.arm(ic.fd, ic.src) }
+// relist rebuilds list from conns; mu is held.
+func (p *poller) relist() {
+	list := make([]*inConn, 0, len(p.conns))
+	for _, ic := range p.conns {
+		list = append(list, ic)
+	}
+	p.list.Store(&list)
+}
 
-// wake arms ic if the poller left it idle.
+// arm asks for ic's next readiness event; one pending now comes at once.
+// ic.mu is held, so that a closed descriptor, whose number may have been
+// reused, is never touched.
+func (p *poller) arm(ic *inConn) {
+	if !ic.closed {
+		p.set.arm(ic.fd, ic.src)
+	}
+}
+
+// wake arms ic if the poller left it idle. ic.mu must not be held.
 func (p *poller) wake(ic *inConn) {
 	if ic.idle.CompareAndSwap(true, false) {
+		ic.mu.Lock()
 		p.arm(ic)
+		ic.mu.Unlock()
 	}
 }
 
 // wakeAll arms every idle connection: an op is about to park.
 func (p *poller) wakeAll() {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	for _, ic := range p.conns {
+	for _, ic := range p.snapshot() {
 		p.wake(ic)
 	}
+}
+
+func (p *poller) snapshot() []*inConn {
+	if list := p.list.Load(); list != nil {
+		return *list
+	}
+	return nil
 }
 
 // run serves readiness events until the transport closes.
@@ -84,8 +114,9 @@ func (p *poller) run() {
 		default:
 		}
 		if err != nil {
-			p.t.log.Error().Err(err).Msg("waiting for sockets failed; incoming frames are read by ops only")
-			return
+			// Never seen; the sweep below still reads what comes.
+			p.t.log.Error().Err(err).Msg("waiting for sockets failed")
+			time.Sleep(time.Millisecond)
 		}
 		for _, src := range ready {
 			p.mu.Lock()
@@ -109,10 +140,11 @@ func (p *poller) service(ic *inConn) {
 		p.rest(ic)
 		return
 	}
-	err := errWouldBlock
-	if !ic.closed {
-		err = ic.pump()
+	if ic.closed {
+		ic.mu.Unlock()
+		return
 	}
+	err := ic.pump()
 	if err == errWouldBlock {
 		p.arm(ic)
 		ic.mu.Unlock()
@@ -131,6 +163,7 @@ func (p *poller) missed(ic *inConn) bool {
 }
 
 // rest leaves ic unarmed, unless the ops spinning on it left meanwhile.
+// ic.mu is not held.
 func (p *poller) rest(ic *inConn) {
 	ic.idle.Store(true)
 	if ic.spinners.Load() == 0 {
@@ -138,17 +171,22 @@ func (p *poller) rest(ic *inConn) {
 	}
 }
 
-// drop stops watching ic and closes its socket; ic.mu is held.
+// drop stops watching ic and closes its socket; a receive being filled
+// fails. ic.mu is held.
 func (p *poller) drop(ic *inConn) {
 	p.mu.Lock()
 	if p.conns[ic.src] == ic {
 		delete(p.conns, ic.src)
+		p.relist()
 	}
 	p.mu.Unlock()
 	if !ic.closed {
 		p.set.remove(ic.fd)
 		unix.Close(ic.fd)
 		ic.closed = true
+		if ic.err == nil {
+			ic.fail(net.ErrClosed)
+		}
 	}
 }
 
@@ -158,12 +196,9 @@ func (p *poller) interrupt() { p.set.interrupt() }
 // shut closes every socket and the poller's own descriptors.
 func (p *poller) shut() {
 	p.mu.Lock()
-	conns := make([]*inConn, 0, len(p.conns))
-	for _, ic := range p.conns {
-		conns = append(conns, ic)
-	}
+	p.closed = true
 	p.mu.Unlock()
-	for _, ic := range conns {
+	for _, ic := range p.snapshot() {
 		ic.mu.Lock()
 		p.drop(ic)
 		ic.mu.Unlock()
