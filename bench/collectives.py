@@ -74,16 +74,18 @@ def iterations(size, quick, system):
     slowest system (gloo), so that a round stays short. On a shared machine
     more rounds beat longer ones: a median over rounds drops the rounds a
     neighbour's burst of load landed on. The smallest sizes take microseconds
-    on gorun and OpenMPI, so their calls are many more: the first few
-    milliseconds of a job run before the kernel has spread its ranks over
-    the cores (two spinning ranks sharing one core take turns), which 20
-    calls of 1 us do not outlast but 20 calls of gloo's 300 us do."""
+    on gorun and OpenMPI, so up to 4 MiB their calls are many more: the
+    first few milliseconds of a job run before the kernel has spread its
+    ranks over the cores (two spinning ranks sharing one core take turns),
+    which 20 calls of 1 us, or 3 of 100 us, do not outlast, but 20 calls of
+    gloo's 300 us do."""
+    fast = system != "gloo"
     if size <= 4 << 10:
-        w, n = (20, 300) if system == "gloo" else (2000, 2000)
+        w, n = (2000, 2000) if fast else (20, 300)
     elif size <= 256 << 10:
-        w, n = 5, 60
+        w, n = (200, 300) if fast else (5, 60)
     elif size <= 4 << 20:
-        w, n = 3, 30
+        w, n = (30, 60) if fast else (3, 30)
     elif size <= 32 << 20:
         w, n = 2, 6
     else:
