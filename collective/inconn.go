@@ -57,7 +57,7 @@ type inConn struct {
 var errWouldBlock = errors.New("collective: no data yet")
 
 // newInConn takes over c's socket: it duplicates the descriptor and
-// closes c, which takes c's out of the runtime's poller (no FIN goes:
+// closes c, which takes it out of the runtime's poller (no FIN goes:
 // the duplicate keeps the socket open).
 func newInConn(t *transport, src int, c net.Conn) (*inConn, error) {
 	sc, ok := c.(syscall.Conn)
@@ -101,18 +101,23 @@ func (ic *inConn) poll() bool {
 		if err != errWouldBlock {
 			// Report it now: the socket may stay silent, and the poller
 			// would never look at it again.
-			dropped := !ic.closed
-			ic.t.poller.drop(ic)
-			ic.mu.Unlock()
-			if dropped {
-				ic.t.lostIncoming(ic.src, err)
-			}
+			ic.retire(err)
 			return false
 		}
 		ic.mu.Unlock()
 		if !ic.missed.Swap(false) {
 			return true
 		}
+	}
+}
+
+// retire closes the connection, which failed with err, and reports that
+// to the transport unless it was closed already; it releases mu.
+func (ic *inConn) retire(err error) {
+	closedNow := ic.t.poller.drop(ic)
+	ic.mu.Unlock()
+	if closedNow {
+		ic.t.lostIncoming(ic.src, err)
 	}
 }
 
@@ -141,14 +146,13 @@ func (ic *inConn) cut() {
 // pump reads and routes frames until the socket is empty (errWouldBlock)
 // or the connection fails. Called with mu held.
 func (ic *inConn) pump() error {
-	fd := ic.fd
 	for ic.err == nil {
 		if !ic.inBody {
 			if ic.w-ic.r >= headerSize {
 				ic.err = ic.begin()
 				continue
 			}
-			if err := ic.fill(fd); err != nil {
+			if err := ic.fill(); err != nil {
 				return err
 			}
 			continue
@@ -159,20 +163,20 @@ func (ic *inConn) pump() error {
 			continue
 		}
 		if ic.w > ic.r {
-			ic.take(ic.buffered(need))
+			ic.take(min(need, ic.w-ic.r))
 			continue
 		}
 		// The buffer is empty: a large remainder goes straight from the
 		// socket to its destination.
 		if ic.dst != nil && need >= readBufferSize/4 {
-			n, err := ic.read(fd, ic.dst[ic.got:])
+			n, err := ic.read(ic.dst[ic.got:])
 			if err != nil {
 				return err
 			}
 			ic.got += n
 			continue
 		}
-		if err := ic.fill(fd); err != nil {
+		if err := ic.fill(); err != nil {
 			return err
 		}
 	}
@@ -181,21 +185,21 @@ func (ic *inConn) pump() error {
 
 // fill reads into the buffer's free end, moving what is unread to its
 // start first.
-func (ic *inConn) fill(fd int) error {
+func (ic *inConn) fill() error {
 	if ic.r > 0 {
 		ic.w = copy(ic.buf, ic.buf[ic.r:ic.w])
 		ic.r = 0
 	}
-	n, err := ic.read(fd, ic.buf[ic.w:])
+	n, err := ic.read(ic.buf[ic.w:])
 	ic.w += n
 	return err
 }
 
 // read is one non-blocking read. A failure is kept, and fails the frame
 // being filled, so that whoever reads next sees it.
-func (ic *inConn) read(fd int, p []byte) (int, error) {
+func (ic *inConn) read(p []byte) (int, error) {
 	for {
-		n, err := syscall.Read(fd, p)
+		n, err := syscall.Read(ic.fd, p)
 		switch {
 		case err == syscall.EINTR:
 			continue
@@ -239,9 +243,6 @@ func (ic *inConn) need() int {
 	return len(ic.dst) - ic.got
 }
 
-// buffered is how many of need bytes the buffer holds.
-func (ic *inConn) buffered(need int) int { return min(need, ic.w-ic.r) }
-
 // take moves n buffered bytes into the current frame.
 func (ic *inConn) take(n int) {
 	if ic.dst == nil {
@@ -272,7 +273,7 @@ func (ic *inConn) begin() error {
 		return fmt.Errorf("collective: unexpected frame kind %d", h.kind)
 	}
 	t := ic.t
-	key := boxKey{comm: h.comm, src: ic.src, p2p: h.coll == collSend, tag: h.tag}
+	key := h.boxKey(ic.src)
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if t.retired[h.comm] {
@@ -310,7 +311,7 @@ func (ic *inConn) end() {
 		t.mu.Unlock()
 	case f != nil:
 		ic.frame = nil
-		key := boxKey{comm: h.comm, src: ic.src, p2p: h.coll == collSend, tag: h.tag}
+		key := h.boxKey(ic.src)
 		t.mu.Lock()
 		// A receive may have been posted while we read.
 		if r := t.takePostedLocked(key, &h); r != nil {
@@ -321,9 +322,7 @@ func (ic *inConn) end() {
 		}
 		t.mu.Unlock()
 	case h.kind != kindData:
-		payload := ic.dst
-		ic.dst = nil
-		t.control(ic.src, &h, payload)
+		t.control(ic.src, &h, ic.dst)
 	}
 	ic.dst = nil
 }

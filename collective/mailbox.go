@@ -24,6 +24,11 @@ type boxKey struct {
 	tag  int32
 }
 
+// boxKey is the mailbox of a data frame with header h from world rank src.
+func (h *header) boxKey(src int) boxKey {
+	return boxKey{comm: h.comm, src: src, p2p: h.coll == collSend, tag: h.tag}
+}
+
 type mailbox struct {
 	frames []*frame   // unexpected, oldest first
 	posted []*recvReq // waiting, oldest first

@@ -83,7 +83,7 @@ func (o *op) expectAny(buf []byte) *recvReq {
 }
 
 func (o *op) key(src int) boxKey {
-	return boxKey{comm: o.c.id, src: src, p2p: o.hdr.coll == collSend, tag: o.hdr.tag}
+	return o.hdr.boxKey(src)
 }
 
 // send queues buf for peer in segments, each frame saying it belongs at
@@ -256,7 +256,7 @@ func (o *op) awaitSend(s *sendReq) error {
 // waits for may depend on a peer that is blocked writing to us.
 func (o *op) park() {
 	o.c.t.parked.Add(1)
-	o.c.t.wakeReaders()
+	o.c.t.poller.wakeAll()
 	o.handoff()
 }
 
@@ -386,7 +386,7 @@ func (o *op) awaitCause(err error) {
 		}
 		t.mu.Lock()
 		p := &t.peers[src]
-		ended, connected := p.inErr != nil, p.in != nil
+		ended, connected := p.inErr != nil, p.in.Load() != nil
 		t.mu.Unlock()
 		if (ended || !connected) && time.Since(start) >= unconnectedWait {
 			return

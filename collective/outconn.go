@@ -84,17 +84,13 @@ func (o *outConn) enqueue(r *sendReq, driven bool) {
 	o.queue = append(o.queue, r)
 	if !driven {
 		o.handed = true
+		o.cond.Signal()
 	}
-	if o.writing || len(o.queue) > 1 || len(r.payload) > inlineWriteMax {
-		if o.handed {
-			o.cond.Signal()
-		}
-		o.mu.Unlock()
-		return
-	}
-	o.writing = true
+	inline := len(o.queue) == 1 && len(r.payload) <= inlineWriteMax
 	o.mu.Unlock()
-	o.release(o.pushNow())
+	if inline {
+		o.drive()
+	}
 }
 
 // drive writes what the socket takes now, unless someone else is

@@ -2,8 +2,6 @@ package collective
 
 import (
 	"net"
-	"sync"
-	"sync/atomic"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -22,14 +20,6 @@ import (
 type poller struct {
 	t   *transport
 	set *pollSet // the descriptors and their arming (epoll on Linux)
-
-	// Lock order: an inConn's mu before mu, never the other way.
-	mu     sync.Mutex
-	conns  map[int]*inConn // by sender's world rank
-	closed bool            // shut: no socket is added
-	// list is conns as a slice, replaced whole when conns changes, so
-	// that parking ops walk it without a lock or an allocation.
-	list atomic.Pointer[[]*inConn]
 }
 
 // restLimit bounds how long a connection stays unarmed.
@@ -40,31 +30,17 @@ func newPoller(t *transport) (*poller, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &poller{t: t, set: set, conns: make(map[int]*inConn)}, nil
+	return &poller{t: t, set: set}, nil
 }
 
-// add starts watching ic.
+// add starts watching ic, unless the transport's close dropped it first.
 func (p *poller) add(ic *inConn) error {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if p.closed {
+	ic.mu.Lock()
+	defer ic.mu.Unlock()
+	if ic.closed {
 		return ErrClosed
 	}
-	if err := p.set.add(ic.fd, ic.src); err != nil {
-		return err
-	}
-	p.conns[ic.src] = ic
-	p.relist()
-	return nil
-}
-
-// relist rebuilds list from conns; mu is held.
-func (p *poller) relist() {
-	list := make([]*inConn, 0, len(p.conns))
-	for _, ic := range p.conns {
-		list = append(list, ic)
-	}
-	p.list.Store(&list)
+	return p.set.add(ic.fd, ic.src)
 }
 
 // arm asks for ic's next readiness event; one pending now comes at once.
@@ -87,16 +63,11 @@ func (p *poller) wake(ic *inConn) {
 
 // wakeAll arms every idle connection: an op is about to park.
 func (p *poller) wakeAll() {
-	for _, ic := range p.snapshot() {
-		p.wake(ic)
+	for i := range p.t.peers {
+		if ic := p.t.peers[i].in.Load(); ic != nil {
+			p.wake(ic)
+		}
 	}
-}
-
-func (p *poller) snapshot() []*inConn {
-	if list := p.list.Load(); list != nil {
-		return *list
-	}
-	return nil
 }
 
 // run serves readiness events until the transport closes.
@@ -119,10 +90,7 @@ func (p *poller) run() {
 			time.Sleep(time.Millisecond)
 		}
 		for _, src := range ready {
-			p.mu.Lock()
-			ic := p.conns[src]
-			p.mu.Unlock()
-			if ic != nil {
+			if ic := p.t.peers[src].in.Load(); ic != nil {
 				p.service(ic)
 			}
 		}
@@ -150,9 +118,7 @@ func (p *poller) service(ic *inConn) {
 		ic.mu.Unlock()
 		return
 	}
-	p.drop(ic)
-	ic.mu.Unlock()
-	p.t.lostIncoming(ic.src, err)
+	ic.retire(err)
 }
 
 // missed records that mu was held, so that its holder reads again, and
@@ -171,37 +137,33 @@ func (p *poller) rest(ic *inConn) {
 	}
 }
 
-// drop stops watching ic and closes its socket; a receive being filled
-// fails. ic.mu is held.
-func (p *poller) drop(ic *inConn) {
-	p.mu.Lock()
-	if p.conns[ic.src] == ic {
-		delete(p.conns, ic.src)
-		p.relist()
+// drop stops watching ic and closes its socket, reporting whether it
+// was open; a receive being filled fails. ic.mu is held.
+func (p *poller) drop(ic *inConn) bool {
+	if ic.closed {
+		return false
 	}
-	p.mu.Unlock()
-	if !ic.closed {
-		p.set.remove(ic.fd)
-		unix.Close(ic.fd)
-		ic.closed = true
-		if ic.err == nil {
-			ic.fail(net.ErrClosed)
-		}
+	p.set.remove(ic.fd)
+	unix.Close(ic.fd)
+	ic.closed = true
+	if ic.err == nil {
+		ic.fail(net.ErrClosed)
 	}
+	return true
 }
 
 // interrupt makes run see that the transport closed.
 func (p *poller) interrupt() { p.set.interrupt() }
 
-// shut closes every socket and the poller's own descriptors.
+// shut closes every socket and the poller's own descriptors. The
+// transport is closed: no connection is added after.
 func (p *poller) shut() {
-	p.mu.Lock()
-	p.closed = true
-	p.mu.Unlock()
-	for _, ic := range p.snapshot() {
-		ic.mu.Lock()
-		p.drop(ic)
-		ic.mu.Unlock()
+	for i := range p.t.peers {
+		if ic := p.t.peers[i].in.Load(); ic != nil {
+			ic.mu.Lock()
+			p.drop(ic)
+			ic.mu.Unlock()
+		}
 	}
 	p.set.close()
 }

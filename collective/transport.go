@@ -120,13 +120,13 @@ type transport struct {
 }
 
 // peer is the transport's view of one other rank. Fields other than dial
-// are guarded by the transport's mutex.
+// are guarded by the transport's mutex (in is also read without it).
 type peer struct {
 	dial   sync.Mutex // serialises dialling it
 	out    *outConn
-	in     *inConn
-	inErr  error // why the incoming connection ended: nothing more will come
-	outErr error // why the outgoing one did: nothing more can be sent
+	in     atomic.Pointer[inConn] // set under the mutex; read without it by spinning ops and the poller
+	inErr  error                  // why the incoming connection ended: nothing more will come
+	outErr error                  // why the outgoing one did: nothing more can be sent
 }
 
 // newTransport listens and publishes this rank's addresses; hostID names
@@ -240,19 +240,17 @@ func (t *transport) serve(c net.Conn) {
 		switch p := &t.peers[src]; {
 		case t.closed:
 			err = ErrClosed
-		case p.in != nil || p.inErr != nil:
+		case p.in.Load() != nil || p.inErr != nil:
 			err = fmt.Errorf("collective: second connection from rank %d", src)
 		default:
-			p.in = ic
+			p.in.Store(ic)
 		}
 	}
 	t.mu.Unlock()
 	if err == nil {
 		if err = t.poller.add(ic); err != nil {
 			ic.mu.Lock()
-			t.poller.drop(ic)
-			ic.mu.Unlock()
-			t.lostIncoming(src, err)
+			ic.retire(err)
 			return
 		}
 	}
@@ -291,7 +289,7 @@ func (t *transport) lostIncoming(src int, err error) {
 	t.mu.Lock()
 	closing := t.closed
 	p := &t.peers[src]
-	p.in = nil
+	p.in.Store(nil)
 	switch {
 	case errors.Is(err, io.EOF):
 		err = errors.New("connection closed (the process exited or closed its communicator)")
@@ -311,10 +309,7 @@ func (t *transport) lostIncoming(src int, err error) {
 // dropIncoming cuts src's connection to us, used when a frame is stuck
 // half-read into a buffer whose op gave up.
 func (t *transport) dropIncoming(src int) {
-	t.mu.Lock()
-	ic := t.peers[src].in
-	t.mu.Unlock()
-	if ic != nil {
+	if ic := t.peers[src].in.Load(); ic != nil {
 		ic.cut()
 	}
 }
@@ -462,9 +457,7 @@ func (t *transport) incoming(src int) *inConn {
 	if src < 0 {
 		return nil
 	}
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	return t.peers[src].in
+	return t.peers[src].in.Load()
 }
 
 // yield lets what a spinning op waits for run: another process's thread,
@@ -475,13 +468,6 @@ func (t *transport) yield() {
 	} else {
 		yieldProcessor()
 	}
-}
-
-// wakeReaders ends the rest of every resting reader (inConn.rest): an op
-// is about to park, so frames must be read by someone else, lest a peer
-// blocked on a full socket to us block what the op waits for.
-func (t *transport) wakeReaders() {
-	t.poller.wakeAll()
 }
 
 // peerGone reports why dst can no longer take part, or nil.
