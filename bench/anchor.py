@@ -23,27 +23,13 @@ import time
 
 import numpy as np
 
-# nccl-tests' bus bandwidth factors, by world size n.
-BUS_FACTOR = {
-    "allreduce": lambda n: 2 * (n - 1) / n,
-    "broadcast": lambda n: 1,
-    "allgather": lambda n: (n - 1) / n,
-    "reduce_scatter": lambda n: (n - 1) / n,
-    "alltoall": lambda n: (n - 1) / n,
-}
-# Collectives whose SIZE is split over the ranks.
-PER_RANK = {"allgather", "reduce_scatter", "alltoall"}
+from common import BUS_FACTOR, PER_RANK, elements, parse_size
+
 REDOP = {"allreduce": "sum", "reduce_scatter": "sum"}
 
 
 class Unsupported(Exception):
     """The backend does not implement the collective."""
-
-
-def parse_size(s):
-    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
-    s = s.strip()
-    return int(s[:-1]) * units[s[-1].upper()] if s[-1].upper() in units else int(s)
 
 
 def parse_counts(s):
@@ -170,9 +156,7 @@ class MPI:
 
 def measure(be, op, size, warmup, iters):
     """Runs op at size bytes and returns (count, slowest rank's mean seconds)."""
-    count = max(size // 4, 1)
-    if op in PER_RANK:
-        count = max(count - count % be.size, be.size)
+    count = elements(op, size, be.size)
     a, b = be.buffers(op, count)
     for _ in range(warmup):
         be.run(op, a, b)

@@ -39,22 +39,14 @@ import subprocess
 import sys
 import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-PY = os.environ.get("GORUN_BENCH_PYTHON", "/usr/bin/python3")
+from common import BUS_FACTOR, PER_RANK, PY, ROOT, elements, log, mpi_env, parse_size
+
 GORUN = os.path.join(ROOT, "bin", "gorun")
 
 OPS = ("allreduce", "broadcast", "allgather", "reduce_scatter", "alltoall")
 SIZES = (8, 64 << 10, 1 << 20, 16 << 20, 64 << 20)
 WORLDS = (2, 4)
 SYSTEMS = ("gorun", "gorun-tcp", "gloo", "mpi-shm", "mpi-tcp")
-BUS_FACTOR = {
-    "allreduce": lambda n: 2 * (n - 1) / n,
-    "broadcast": lambda n: 1,
-    "allgather": lambda n: (n - 1) / n,
-    "reduce_scatter": lambda n: (n - 1) / n,
-    "alltoall": lambda n: (n - 1) / n,
-}
-PER_RANK = {"allgather", "reduce_scatter", "alltoall"}
 LATENCY_MAX = 8  # rows at or below this many requested bytes are latencies
 TARGET_SIZES = (1 << 20, 16 << 20)
 # A figure whose rounds differ by more than this factor is marked noisy.
@@ -63,10 +55,6 @@ NOISY, NOISY_SPREAD = "~", 2.0
 # A result row: size, count, type, redop, root, time, algbw, busbw[, #wrong].
 ROW = re.compile(r"^(?:\[rank0\]:)?\s+(\d+)\s+(\d+)\s+\S+\s+\S+\s+-?\d+\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)")
 UNSUPPORTED = re.compile(r"^(?:\[rank0\]:)?\s*# unsupported: (.*)$", re.M)
-
-
-def log(msg):
-    print(msg, file=sys.stderr, flush=True)
 
 
 def iterations(size, quick, system):
@@ -93,19 +81,10 @@ def iterations(size, quick, system):
     return (w, max(n // 2, 3)) if quick else (w, n)
 
 
-def parse_size(s):
-    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
-    s = s.strip()
-    return int(s[:-1]) * units[s[-1].upper()] if s[-1].upper() in units else int(s)
-
-
 def expected(op, size, world):
     """(SIZE in bytes, nccl-tests' count column) for a requested size."""
-    count = max(size // 4, 1)
-    if op in PER_RANK:
-        count = max(count - count % world, world)
-        return count * 4, count // world
-    return count * 4, count
+    count = elements(op, size, world)
+    return count * 4, count // world if op in PER_RANK else count
 
 
 def shm_btl():
@@ -141,18 +120,11 @@ def command(system, op, world, sizes, quick, btl):
     raise ValueError(system)
 
 
-def environment(extra):
-    env = dict(os.environ, **extra)
-    if os.geteuid() == 0:  # mpirun refuses root unless told twice
-        env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
-    return env
-
-
 def measure(system, op, world, sizes, quick, btl):
     """Runs one system once over sizes; returns [time_us per size], or the
     backend's reason when it lacks the collective."""
     argv, extra = command(system, op, world, sizes, quick, btl)
-    proc = subprocess.run(argv, capture_output=True, text=True, env=environment(extra), timeout=900)
+    proc = subprocess.run(argv, capture_output=True, text=True, env=mpi_env(**extra), timeout=900)
     said = f"{system} {op} world {world}: {' '.join(argv)}"
     unsupported = UNSUPPORTED.search(proc.stdout)
     if proc.returncode == 0 and unsupported and system == "gloo":

@@ -38,8 +38,7 @@ import collectives  # noqa: E402
 import launcher  # noqa: E402
 import store  # noqa: E402
 
-ROOT = collectives.ROOT
-PY = collectives.PY
+from common import PY, ROOT  # noqa: E402
 SECTIONS = ("collectives", "launcher", "store")
 
 

@@ -19,13 +19,8 @@ import subprocess
 import sys
 import tempfile
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-PY = os.environ.get("GORUN_BENCH_PYTHON", "/usr/bin/python3")
+from common import PY, ROOT, log, mpi_env
 TARGET = 0.5  # gorun's median at most this fraction of mpirun's
-
-
-def log(msg):
-    print(msg, file=sys.stderr, flush=True)
 
 
 def commands(nproc=4):
@@ -38,14 +33,6 @@ def commands(nproc=4):
         "torchrun": (shlex.join([PY, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", n,
                                  "--redirects", "9:1", "--tee", "9:1", "--no_python", "/bin/true"]), 1, 3),
     }
-
-
-def mpi_env():
-    """mpirun refuses to run as root unless told twice."""
-    env = dict(os.environ)
-    if os.geteuid() == 0:
-        env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
-    return env
 
 
 def hyperfine(cmd, warmup, runs):

@@ -23,16 +23,12 @@ import threading
 import time
 from datetime import timedelta
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-PY = os.environ.get("GORUN_BENCH_PYTHON", "/usr/bin/python3")
+from common import PY, ROOT, log
+
 OPS = ("set", "get", "add")
 CLIENTS = (1, 16, 64)
 VALUE = b"0123456789abcdef0123456789abcdef"
 TIMEOUT = timedelta(seconds=60)
-
-
-def log(msg):
-    print(msg, file=sys.stderr, flush=True)
 
 
 def serve_torch():
