@@ -37,8 +37,8 @@ sys.dont_write_bytecode = True
 import collectives  # noqa: E402
 import launcher  # noqa: E402
 import store  # noqa: E402
-
 from common import PY, ROOT  # noqa: E402
+
 SECTIONS = ("collectives", "launcher", "store")
 
 
