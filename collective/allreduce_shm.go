@@ -51,9 +51,7 @@ func (o *op) reduceChunk(g uint32, dst, dst2 []byte, at span, own []byte) error 
 func (o *op) reduceShared(buf []byte, root int) error {
 	n, me, es := o.c.size(), o.c.rank, o.hdr.dtype.Size()
 	return o.runShared(func(s *shmWorld) error {
-		for lo := 0; ; lo += s.slot {
-			block := buf[lo:min(lo+s.slot, len(buf))]
-			g := s.next()
+		return s.eachBlock(buf, func(g uint32, _ int, block []byte) error {
 			slot, err := o.claimSlot(g)
 			if err != nil {
 				return err
@@ -87,10 +85,8 @@ func (o *op) reduceShared(buf []byte, root int) error {
 				}
 			}
 			o.signalConsumed(g)
-			if lo+s.slot >= len(buf) {
-				return nil
-			}
-		}
+			return nil
+		})
 	})
 }
 
@@ -98,9 +94,7 @@ func (o *op) reduceShared(buf []byte, root int) error {
 // synchronisation per block. A nil buf is a barrier.
 func (o *op) allReduceSharedFlat(buf []byte) error {
 	return o.runShared(func(s *shmWorld) error {
-		for lo := 0; ; lo += s.slot {
-			block := buf[lo:min(lo+s.slot, len(buf))]
-			g := s.next()
+		return s.eachBlock(buf, func(g uint32, _ int, block []byte) error {
 			slot, err := o.claimSlot(g)
 			if err != nil {
 				return err
@@ -112,10 +106,8 @@ func (o *op) allReduceSharedFlat(buf []byte) error {
 				return err
 			}
 			o.signalConsumed(g)
-			if lo+s.slot >= len(buf) {
-				return nil
-			}
-		}
+			return nil
+		})
 	})
 }
 
@@ -128,7 +120,7 @@ func (o *op) reduceScatterShared(out, in []byte, chunks []span) error {
 	for _, c := range chunks {
 		longest = max(longest, c.len)
 	}
-	rounds := max(ceilDiv(longest, sub), 1)
+	rounds := roundsFor(longest, sub)
 	// Our operand is read from in unless out overlaps it, when it must
 	// go through our slot too, as a peer's would.
 	alias := overlaps(out, in)

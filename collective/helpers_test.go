@@ -19,17 +19,24 @@ import (
 // test ends.
 func testWorld(t testing.TB, n int, opts TCPOptions) []Comm {
 	t.Helper()
+	return testWorldOf(t, n, func(int) TCPOptions { return opts })
+}
+
+// testWorldOf is testWorld with rank r's options optsOf(r).
+func testWorldOf(t testing.TB, n int, optsOf func(rank int) TCPOptions) []Comm {
+	t.Helper()
 	store := rendezvous.NewMemoryStore(20 * time.Second)
-	opts.Host = "127.0.0.1"
-	if opts.getenv == nil {
-		opts.getenv = func(string) string { return "" }
-	}
 	comms := make([]Comm, n)
 	errs := make([]error, n)
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
 	var wg sync.WaitGroup
 	for r := range n {
+		opts := optsOf(r)
+		opts.Host = "127.0.0.1"
+		if opts.getenv == nil {
+			opts.getenv = func(string) string { return "" }
+		}
 		wg.Go(func() { comms[r], errs[r] = NewTCP(ctx, store, r, n, opts) })
 	}
 	wg.Wait()

@@ -36,11 +36,8 @@ import (
 type hierarchy struct {
 	host    *comm // this host's ranks; its rank 0 is the host's leader
 	leaders *comm // the leaders, one per host by ascending rank; nil on other ranks
-	hosts   int   // how many hosts the world spans
 	// leaderOf[r] is the leaders' rank of world rank r's host's leader.
 	leaderOf []int
-	// hostRank[r] is world rank r's rank in its host's view.
-	hostRank []int
 }
 
 // newHierarchy builds the views of world, whose ranks run on hosts (an
@@ -48,9 +45,8 @@ type hierarchy struct {
 // ranks or all run on one: hierarchy would not save anything. shm is
 // this host's shared memory, or nil.
 func newHierarchy(world *comm, hosts []string, shm *shmWorld) *hierarchy {
-	h := &hierarchy{leaderOf: make([]int, len(hosts)), hostRank: make([]int, len(hosts))}
+	h := &hierarchy{leaderOf: make([]int, len(hosts))}
 	leaderIndex := map[string]int{} // host id -> leaders' rank
-	ranksOn := map[string]int{}     // host id -> ranks seen so far
 	var leaders []int
 	crowded := false
 	for r, id := range hosts {
@@ -65,11 +61,8 @@ func newHierarchy(world *comm, hosts []string, shm *shmWorld) *hierarchy {
 		}
 		crowded = crowded || seen
 		h.leaderOf[r] = li
-		h.hostRank[r] = ranksOn[id]
-		ranksOn[id]++
 	}
-	h.hosts = len(leaders)
-	if !crowded || h.hosts < 2 {
+	if !crowded || len(leaders) < 2 {
 		return nil
 	}
 	me := world.rank
@@ -209,8 +202,9 @@ func (o *op) broadcastHierarchical(buf []byte, root int) error {
 	if onRootHost {
 		// The whole of root's host gets it here: its leader too.
 		hv := h.host
+		hostRoot := hv.commRank(o.c.world[root], -1) // root is one of hv's ranks
 		ho := hv.join(o)
-		if err := hv.leave(ho, ho.broadcastInView(buf, h.hostRank[root])); err != nil {
+		if err := hv.leave(ho, ho.broadcastInView(buf, hostRoot)); err != nil {
 			return err
 		}
 	}

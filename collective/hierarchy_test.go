@@ -8,42 +8,17 @@ import (
 	"sync"
 	"testing"
 	"time"
-
-	"github.com/gorun/gorun/rendezvous"
 )
 
 // hostsWorld builds ranks in this process that claim the hosts given,
 // rank r on host hosts[r]: a job that spans hosts, on one machine.
 func hostsWorld(t testing.TB, hosts []int, opts TCPOptions) []Comm {
 	t.Helper()
-	n := len(hosts)
-	store := rendezvous.NewMemoryStore(20 * time.Second)
-	opts.Host = "127.0.0.1"
-	opts.getenv = func(string) string { return "" }
-	comms := make([]Comm, n)
-	errs := make([]error, n)
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-	defer cancel()
-	var wg sync.WaitGroup
-	for r := range n {
+	return testWorldOf(t, len(hosts), func(r int) TCPOptions {
 		o := opts
 		o.hostID = fmt.Sprintf("test-host-%d", hosts[r])
-		wg.Go(func() { comms[r], errs[r] = NewTCP(ctx, store, r, n, o) })
-	}
-	wg.Wait()
-	t.Cleanup(func() {
-		for _, c := range comms {
-			if c != nil {
-				c.Close()
-			}
-		}
+		return o
 	})
-	for r, err := range errs {
-		if err != nil {
-			t.Fatalf("rank %d: NewTCP: %v", r, err)
-		}
-	}
-	return comms
 }
 
 // TestHierarchySetup: the views exist exactly when a job spans hosts and

@@ -91,6 +91,10 @@ func combine(dst, a, b []byte, dt DType, op Op) {
 	}
 }
 
+// maxFused bounds the operands of one pass of a many-operand kernel
+// (reduceManyVector).
+const maxFused = 16
+
 // reduceMany sets dst, and dst2 unless nil, to the reduction of srcs in
 // order, ((srcs[0] op srcs[1]) op srcs[2]) ..., elementwise: the bits
 // combine gives pair by pair, in one pass over the operands where a

@@ -325,9 +325,6 @@ func combineVector(dst, a, b []byte, dt DType, op Op) int {
 	return n
 }
 
-// maxFused bounds the operands of one pass of a many-operand kernel.
-const maxFused = 16
-
 // reduceManyVector sets dst, and dst2 unless nil, to the reduction in
 // order of srcs over the longest prefix of whole vector blocks that a
 // many-operand kernel of dt and op can take, and returns its length in

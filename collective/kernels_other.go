@@ -6,9 +6,6 @@ package collective
 // it combines nothing, leaving the scalar loops all of it.
 func combineVector(dst, a, b []byte, dt DType, op Op) int { return 0 }
 
-// maxFused bounds the operands of one pass of reduceMany.
-const maxFused = 16
-
 // reduceManyVector is the many-operand vector kernels' entry point where
 // there are none: it reduces nothing.
 func reduceManyVector(dst, dst2 []byte, srcs [][]byte, dt DType, op Op) int { return 0 }

@@ -17,10 +17,7 @@ import (
 func (o *op) broadcastShared(buf []byte, root int) error {
 	me := o.c.rank
 	return o.runShared(func(s *shmWorld) error {
-		step := s.slot
-		for lo := 0; ; lo += step {
-			block := buf[lo:min(lo+step, len(buf))]
-			g := s.next()
+		return s.eachBlock(buf, func(g uint32, _ int, block []byte) error {
 			if me == root {
 				slot, err := o.claimSlot(g)
 				if err != nil {
@@ -35,10 +32,8 @@ func (o *op) broadcastShared(buf []byte, root int) error {
 				copyCached(block, o.slotOf(root, g))
 			}
 			o.signalConsumed(g)
-			if lo+step >= len(buf) {
-				return nil
-			}
-		}
+			return nil
+		})
 	})
 }
 
@@ -54,10 +49,7 @@ func (o *op) allGatherShared(out, in []byte, root int) error {
 		if receives {
 			copyCached(out[me*size:], in)
 		}
-		step := s.slot
-		for lo := 0; ; lo += step {
-			block := in[lo:min(lo+step, size)]
-			g := s.next()
+		return s.eachBlock(in, func(g uint32, lo int, block []byte) error {
 			if !receives || root < 0 {
 				slot, err := o.claimSlot(g)
 				if err != nil {
@@ -76,10 +68,8 @@ func (o *op) allGatherShared(out, in []byte, root int) error {
 				}
 			}
 			o.signalConsumed(g)
-			if lo+step >= size {
-				return nil
-			}
-		}
+			return nil
+		})
 	})
 }
 
@@ -88,7 +78,7 @@ func (o *op) allGatherShared(out, in []byte, root int) error {
 func (o *op) scatterShared(out, in []byte, root int) error {
 	n, me, size := o.c.size(), o.c.rank, len(out)
 	sub := subSlot(o.c.shm.slot, n)
-	rounds := max(ceilDiv(size, sub), 1)
+	rounds := roundsFor(size, sub)
 	if me == root {
 		copyCached(out, in[me*size:][:size])
 	}
@@ -134,17 +124,18 @@ func (o *op) allToAllShared(out, in []byte, sends, recvs []span) error {
 	n, me, es := o.c.size(), o.c.rank, o.hdr.dtype.Size()
 	sub := subSlot(s.slot, n)
 	single := func(bytes int) bool { return s.cma && bytes >= cmaMin }
-	ours := 1 // the rounds our pieces need
+	longest := 0 // of our pieces through the slots
 	lent := false
 	for j, c := range sends {
 		if j != me {
 			if single(c.len) {
 				lent = true
 			} else {
-				ours = max(ours, ceilDiv(c.len, sub))
+				longest = max(longest, c.len)
 			}
 		}
 	}
+	ours := roundsFor(longest, sub) // the rounds our pieces need
 	return o.runShared(func(s *shmWorld) error {
 		rounds := ours
 		var first uint32

@@ -63,13 +63,14 @@ func (o *op) ringReduceScatter(buf []byte, chunks []span) error {
 		if err := o.await(r); err != nil {
 			return err
 		}
-		mine := at(cur).of(buf)
+		p := at(cur)
+		mine := p.of(buf)
 		o.combine(mine, mine, r.buf)
 		if j+slots < total {
 			post(j + slots)
 		}
 		if cur.step < n-2 {
-			if err := o.send(next, mine, at(cur).off); err != nil {
+			if err := o.send(next, mine, p.off); err != nil {
 				return err
 			}
 		}

@@ -19,10 +19,11 @@ import (
 	"github.com/gorun/gorun/rendezvous"
 )
 
-// The shared-memory transport, for a world whose ranks all run on one
-// host. Each rank owns one segment: a control block of counters other
-// ranks watch, and two slots that take turns holding the blocks of the
-// collective in flight. A rank writes its data into its own slot once;
+// The shared-memory transport, for the ranks that run on one host: the
+// whole world, or one host's ranks of a job that spans hosts
+// (hierarchy.go). Each rank owns one segment: a control block of
+// counters other ranks watch, and two slots that take turns holding the
+// blocks of the collective in flight. A rank writes its data into its own slot once;
 // peers read (and reduce) it straight from there, so a byte is copied in
 // once and out once instead of crossing two socket buffers, with no
 // system call while the ranks keep pace (see shmwait.go for waiting).
@@ -123,7 +124,7 @@ func newShmRegion(mem []byte, slot, n int) shmRegion {
 		published: word(ctlPublished),
 		sleepers:  word(ctlSleepers),
 		rounds:    [2]*atomic.Uint32{word(ctlRounds), word(ctlRounds + 64)},
-		magic:     (*atomic.Uint64)(unsafe.Pointer(&mem[ctlMagic])),
+		magic:     magicWord(mem),
 		tables:    [2]pieceTable{table(0), table(1)},
 		history:   mem[ctlHistory : ctlHistory+shmHistory*64],
 		slots: [2][]byte{
@@ -135,20 +136,26 @@ func newShmRegion(mem []byte, slot, n int) shmRegion {
 
 func shmSegmentSize(slot, n int) int { return shmControlSize(n) + 2*slot }
 
-// shmWorld is the world communicator's shared memory: every rank's
-// region, mapped. The fields after mu are the world's collective in
-// flight (calls on a communicator are sequential).
+// magicWord is the word of segment mem that peers test process_vm_readv
+// on.
+func magicWord(mem []byte) *atomic.Uint64 { return (*atomic.Uint64)(unsafe.Pointer(&mem[ctlMagic])) }
+
+// shmWorld is the shared memory of the ranks on this host: the world
+// communicator's when the world runs on one host, else the host view's
+// (hierarchy.go). It holds every member's region, mapped. The fields
+// after mu are the collective in flight (calls on a communicator are
+// sequential).
 type shmWorld struct {
 	slot    int
-	regions []shmRegion // by world rank
+	regions []shmRegion // by member: the rank in the communicator using it
 	segs    []*segment
 
 	stamp   uint32 // the last block stamp used; 0 before the first
 	checked []bool // peers whose call matched ours in the current op
 
-	// inProcess marks the ranks of this process (by world rank), which
-	// tests run as goroutines: waiting for one yields to the Go scheduler
-	// rather than the kernel's (see awaitShared).
+	// inProcess marks the members in this process, which tests run as
+	// goroutines: waiting for one yields to the Go scheduler rather than
+	// the kernel's (see awaitShared).
 	inProcess []bool
 	// cma says every rank can read every other's memory with
 	// process_vm_readv (readPeer); pids are their processes.
@@ -205,8 +212,8 @@ func setupShm(ctx context.Context, store rendezvous.Store, members []int, me, sl
 	if segs[rank] != nil {
 		var magic [8]byte
 		rand.Read(magic[:])
-		newShmRegion(segs[rank].mem, slot, size).magic.Store(binary.LittleEndian.Uint64(magic[:]))
-		addr = strconv.FormatUint(uint64(uintptr(unsafe.Pointer(&segs[rank].mem[0]))), 16)
+		magicWord(segs[rank].mem).Store(binary.LittleEndian.Uint64(magic[:]))
+		addr = strconv.FormatUint(uint64(addressOf(segs[rank].mem)), 16)
 	}
 	if err := store.Set(ctx, shmKeyPrefix+strconv.Itoa(members[rank]), []byte(self+" "+addr+" "+name)); err != nil {
 		unmapAll()
@@ -245,7 +252,7 @@ func setupShm(ctx context.Context, store rendezvous.Store, members []int, me, sl
 			break
 		}
 	}
-	if ready == "1" && singleCopy && canReadPeers(segs, pids, addrs, rank, slot, log) {
+	if ready == "1" && singleCopy && canReadPeers(segs, pids, addrs, rank, log) {
 		ready = "1c"
 	}
 	err = store.Set(ctx, shmReadyKeyPrefix+strconv.Itoa(members[rank]), []byte(ready))
@@ -279,14 +286,14 @@ func setupShm(ctx context.Context, store rendezvous.Store, members []int, me, sl
 // with process_vm_readv: it reads each peer's magic word from the peer's
 // address space and compares it with what the peer's segment, mapped
 // here, holds.
-func canReadPeers(segs []*segment, pids []int, addrs []uintptr, rank, slot int, log zerolog.Logger) bool {
+func canReadPeers(segs []*segment, pids []int, addrs []uintptr, rank int, log zerolog.Logger) bool {
 	for peer, seg := range segs {
 		if peer == rank {
 			continue
 		}
 		var got [8]byte
 		err := readPeer(pids[peer], addrs[peer]+ctlMagic, got[:])
-		want := newShmRegion(seg.mem, slot, len(segs)).magic.Load()
+		want := magicWord(seg.mem).Load()
 		if err == nil && binary.LittleEndian.Uint64(got[:]) != want {
 			err = errors.New("process_vm_readv read another word than the peer's segment holds")
 		}

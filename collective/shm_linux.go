@@ -4,7 +4,6 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"unsafe"
 
 	"golang.org/x/sys/unix"
 )
@@ -86,18 +85,17 @@ func (s *segment) unmap() {
 // setupShm tries it before any collective relies on it.
 func readPeer(pid int, addr uintptr, dst []byte) error {
 	for len(dst) > 0 {
-		local := unix.Iovec{Base: &dst[0]}
-		local.SetLen(len(dst))
-		remote := unix.RemoteIovec{Base: addr, Len: len(dst)}
-		n, _, errno := unix.Syscall6(unix.SYS_PROCESS_VM_READV, uintptr(pid),
-			uintptr(unsafe.Pointer(&local)), 1, uintptr(unsafe.Pointer(&remote)), 1, 0)
-		if errno != 0 {
-			return fmt.Errorf("process_vm_readv from pid %d: %w", pid, errno)
+		local := [1]unix.Iovec{{Base: &dst[0]}}
+		local[0].SetLen(len(dst))
+		remote := [1]unix.RemoteIovec{{Base: addr, Len: len(dst)}}
+		n, err := unix.ProcessVMReadv(pid, local[:], remote[:], 0)
+		if err != nil {
+			return fmt.Errorf("process_vm_readv from pid %d: %w", pid, err)
 		}
 		if n == 0 {
 			return fmt.Errorf("process_vm_readv from pid %d: no bytes read", pid)
 		}
-		dst, addr = dst[n:], addr+n
+		dst, addr = dst[n:], addr+uintptr(n)
 	}
 	return nil
 }

@@ -43,6 +43,20 @@ func (s *shmWorld) next() uint32 {
 	return s.stamp
 }
 
+// eachBlock runs body on buf cut into blocks of up to a slot, in order,
+// with each block's stamp and offset in buf. An empty buf still gets one
+// block, empty: the ranks meet in it (a barrier passes nil).
+func (s *shmWorld) eachBlock(buf []byte, body func(g uint32, lo int, block []byte) error) error {
+	for lo := 0; ; lo += s.slot {
+		if err := body(s.next(), lo, buf[lo:min(lo+s.slot, len(buf))]); err != nil {
+			return err
+		}
+		if lo+s.slot >= len(buf) {
+			return nil
+		}
+	}
+}
+
 // self is this rank's region.
 func (o *op) self() *shmRegion { return &o.c.shm.regions[o.c.rank] }
 
@@ -102,8 +116,8 @@ func (o *op) awaitArrivals() error {
 }
 
 // evenSpan is part i of count elements of size bytes cut into parts
-// near-equal ranges, the first count%parts one element longer: what
-// evenSpans(count, size, parts)[i] is, without the slice.
+// near-equal ranges, the first count%parts one element longer
+// (fillEvenSpans fills a slice with every part).
 func evenSpan(count, size, parts, i int) span {
 	q, r := count/parts, count%parts
 	off := i*q + min(i, r)
@@ -129,6 +143,11 @@ func window(s span, k, sub int) span {
 // ceilDiv is a/b rounded up, for a >= 0 and b > 0.
 func ceilDiv(a, b int) int { return (a + b - 1) / b }
 
+// roundsFor is how many rounds carry pieces of up to longest bytes, sub
+// bytes of each per round: at least one, since every rank runs the
+// call's blocks even when it has nothing to send.
+func roundsFor(longest, sub int) int { return max(ceilDiv(longest, sub), 1) }
+
 // orderAfter returns the i-th peer after rank me among n ranks, so that
 // ranks start reading from different peers.
 func orderAfter(me, n, i int) int { return (me + 1 + i) % n }
@@ -140,12 +159,11 @@ func orderAfter(me, n, i int) int { return (me + 1 + i) % n }
 const copyPiece = 512 << 10
 
 // copyCached copies src into dst (as copy does) in pieces that memmove
-// keeps in the caches, and returns the bytes copied.
-func copyCached(dst, src []byte) int {
+// keeps in the caches.
+func copyCached(dst, src []byte) {
 	n := min(len(dst), len(src))
 	for lo := 0; lo < n; lo += copyPiece {
 		hi := min(lo+copyPiece, n)
 		copy(dst[lo:hi], src[lo:hi])
 	}
-	return n
 }
