@@ -214,21 +214,28 @@ func checkNCCL(h uintptr) (ncclAPI, Version, error) {
 
 // probeDriver reads the CUDA version of the driver loaded as h and checks
 // it as LoadDriver does: every function we bind must be there. No GPU is
-// touched: cuDriverGetVersion needs no cuInit.
+// touched.
 func probeDriver(h uintptr) (Version, error) {
+	_, code, err := checkDriver(h)
+	return driverVersionOf(code), err
+}
+
+// checkDriver binds the driver functions of the library loaded as h, after
+// checking that it is the CUDA driver, and returns cuDriverGetVersion's
+// code, which needs no cuInit: zero when the library has none to give.
+func checkDriver(h uintptr) (driverAPI, int, error) {
 	var api driverAPI
 	if missing := bind(h, []symbol{{name: "cuDriverGetVersion", fn: &api.cuDriverGetVersion}}); len(missing) > 0 {
-		return Version{}, &SymbolsError{Missing: missing, Need: "a library that is the CUDA driver"}
+		return api, 0, &SymbolsError{Missing: missing, Need: "a library that is the CUDA driver"}
 	}
 	var code int32
 	if res := api.cuDriverGetVersion(&code); res != cudaSuccess {
-		return Version{}, fmt.Errorf("cuDriverGetVersion failed with CUresult %d", res)
+		return api, 0, fmt.Errorf("cuDriverGetVersion failed with CUresult %d", res)
 	}
-	version := driverVersionOf(int(code))
 	if missing := bind(h, api.symbols()); len(missing) > 0 {
-		return version, &SymbolsError{Missing: missing, Need: minDriver}
+		return api, int(code), &SymbolsError{Missing: missing, Need: minDriver}
 	}
-	return version, nil
+	return api, int(code), nil
 }
 
 // driverVersionOf decodes cuDriverGetVersion's code, 1000*major +

@@ -1,6 +1,7 @@
 package cuda
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -118,17 +119,10 @@ func (n *NCCL) newComm(dev *Device, cfg CommConfig) *Comm {
 		size:        cfg.Size,
 		store:       cfg.Store,
 		key:         cfg.Key,
-		timeout:     positiveOr(cfg.Timeout, DefaultTimeout),
+		timeout:     cmp.Or(max(cfg.Timeout, 0), DefaultTimeout),
 		nonblocking: n.Nonblocking(),
 		works:       map[*Work]struct{}{},
 	}
-}
-
-func positiveOr(d, fallback time.Duration) time.Duration {
-	if d > 0 {
-		return d
-	}
-	return fallback
 }
 
 // Rank is this process's rank in the communicator.

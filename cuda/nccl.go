@@ -186,7 +186,7 @@ type NCCL struct {
 	path    string
 	api     ncclAPI
 	version Version
-	lib     uintptr
+	lib     uintptr // the dlopen handle, which the tests use to reach a fake NCCL's own functions
 }
 
 // LoadNCCL finds libnccl.so.2 as s says, checks its version and binds its

@@ -272,9 +272,14 @@ func (c *Comm) dataType(name string, dt collective.DType) (int32, error) {
 		return 0, &OpError{Op: name, Rank: c.rank, Err: fmt.Errorf("unknown data type %v", dt)}
 	}
 	if dt == collective.BFloat16 && c.nccl.version.Less(ncclAvgAndBF16) {
-		return 0, &OpError{Op: name, Rank: c.rank, Err: fmt.Errorf("%v: %w by NCCL %v (it came with %v)", dt, errors.ErrUnsupported, c.nccl.version, ncclAvgAndBF16)}
+		return 0, c.tooOld(name, dt.String(), ncclAvgAndBF16)
 	}
 	return int32(dt), nil
+}
+
+// tooOld refuses what, which the loaded NCCL is older than since to have.
+func (c *Comm) tooOld(op, what string, since Version) *OpError {
+	return &OpError{Op: op, Rank: c.rank, Err: fmt.Errorf("%s: %w by NCCL %v (it came with %v)", what, errors.ErrUnsupported, c.nccl.version, since)}
 }
 
 // reduction maps dt and op to NCCL's enums, which number them as
@@ -288,7 +293,7 @@ func (c *Comm) reduction(name string, dt collective.DType, op collective.Op) (in
 	case collective.Sum, collective.Product, collective.Max, collective.Min:
 	case collective.Avg:
 		if c.nccl.version.Less(ncclAvgAndBF16) {
-			return 0, 0, &OpError{Op: name, Rank: c.rank, Err: fmt.Errorf("reduction %v: %w by NCCL %v (it came with %v)", op, errors.ErrUnsupported, c.nccl.version, ncclAvgAndBF16)}
+			return 0, 0, c.tooOld(name, "reduction "+op.String(), ncclAvgAndBF16)
 		}
 	case collective.BAnd, collective.BOr, collective.BXor:
 		return 0, 0, &OpError{Op: name, Rank: c.rank, Err: fmt.Errorf("reduction %v: %w: NCCL has no bitwise reductions", op, errors.ErrUnsupported)}

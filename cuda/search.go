@@ -2,6 +2,7 @@ package cuda
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -210,13 +211,10 @@ func (s Search) open() func(string) (uintptr, error) {
 // sitePackages lists the folders under which the wheels' folders are
 // searched.
 func (s Search) sitePackages(ctx context.Context) ([]string, error) {
-	switch {
-	case s.SitePackages != nil:
+	if s.SitePackages != nil {
 		return s.SitePackages(ctx)
-	case s.Python != "":
-		return sitePackagesOf(ctx, s.Python)
 	}
-	return pythonSitePackages(ctx)
+	return sitePackagesOf(ctx, cmp.Or(s.Python, "python3"))
 }
 
 // pythonTimeout bounds the python3 that lists site-packages: it starts in
@@ -231,11 +229,6 @@ if getattr(site, "ENABLE_USER_SITE", False):
     dirs.append(site.getusersitepackages())
 dirs += [p for p in sys.path if p.endswith(("site-packages", "dist-packages"))]
 print("\n".join(dirs))`
-
-// pythonSitePackages asks the python3 on PATH for its site-packages folders.
-func pythonSitePackages(ctx context.Context) ([]string, error) {
-	return sitePackagesOf(ctx, "python3")
-}
 
 // sitePackagesOf runs python, a command name or path, and returns the
 // absolute folders it lists, each once, in its order.

@@ -247,7 +247,7 @@ func TestSitePackagesOfTheRealPython(t *testing.T) {
 	if _, err := exec.LookPath("python3"); err != nil {
 		t.Fatalf("no python3 on PATH (install the Debian package python3): %v", err)
 	}
-	dirs, err := pythonSitePackages(context.Background())
+	dirs, err := Search{}.sitePackages(context.Background())
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -68,11 +68,9 @@ const (
 	gpuBroken                 // a GPU, but NCCL cannot run: the rank's error says why
 )
 
-// openGPU opens this process's GPU, the LOCAL_RANK-th modulo the GPUs the
-// driver sees (so ranks outnumbering GPUs share them, which the TCP
-// backend allows), and loads NCCL. It returns what it opened, what that
-// makes of this rank, and why it is not ready. The GPU's Close is added
-// to release.
+// openGPU opens this process's GPU (see openDevice) and loads NCCL. It
+// returns what it opened, what that makes of this rank, and why it is not
+// ready. The GPU's Close is added to release.
 func (c *config) openGPU(ctx context.Context, backend string, env launchEnv, release *cleanups) (*gpu, gpuState, error) {
 	driverSearch := cuda.Search{LookupEnv: c.lookupEnv}
 	if backend == backendAuto {
@@ -81,7 +79,25 @@ func (c *config) openGPU(ctx context.Context, backend string, env launchEnv, rel
 		// cost every worker of a machine without a GPU a process start.
 		driverSearch.SitePackages = func(context.Context) ([]string, error) { return nil, nil }
 	}
-	drv, err := cuda.LoadDriver(ctx, driverSearch)
+	dev, state, err := openDevice(ctx, driverSearch, env.localRank)
+	if err != nil {
+		return nil, state, err
+	}
+	release.add(dev.Close)
+	g := &gpu{dev: dev}
+	g.nccl, err = cuda.LoadNCCL(ctx, cuda.Search{LookupEnv: c.lookupEnv})
+	if err != nil {
+		return g, gpuBroken, err
+	}
+	return g, gpuReady, nil
+}
+
+// openDevice opens the localRank-th GPU modulo the GPUs the driver found
+// through search sees, so that ranks outnumbering GPUs share them, which
+// the TCP backend allows. On failure, the state says whether the rank has
+// no GPU or a broken one.
+func openDevice(ctx context.Context, search cuda.Search, localRank int) (*cuda.Device, gpuState, error) {
+	drv, err := cuda.LoadDriver(ctx, search)
 	if err != nil {
 		return nil, gpuAbsent, err
 	}
@@ -92,17 +108,11 @@ func (c *config) openGPU(ctx context.Context, backend string, env launchEnv, rel
 	if err != nil {
 		return nil, gpuAbsent, err
 	}
-	dev, err := drv.OpenDevice(env.localRank % count)
+	dev, err := drv.OpenDevice(localRank % count)
 	if err != nil {
 		return nil, gpuBroken, err
 	}
-	release.add(dev.Close)
-	g := &gpu{dev: dev}
-	g.nccl, err = cuda.LoadNCCL(ctx, cuda.Search{LookupEnv: c.lookupEnv})
-	if err != nil {
-		return g, gpuBroken, err
-	}
-	return g, gpuReady, nil
+	return dev, gpuReady, nil
 }
 
 // placeKey identifies a GPU among the job's: the host, what the process
@@ -257,11 +267,7 @@ func newWorldComms(ctx context.Context, g *gpu, store rendezvous.Store, rank, si
 		}
 		return nil, err
 	}
-	p2p, err := coll.Split(ctx, everyRank(size), "p2p")
-	if err != nil {
-		return nil, errors.Join(err, coll.Close())
-	}
-	return &ncclComms{coll: coll, p2p: p2p}, nil
+	return withMessages(ctx, coll, size)
 }
 
 // ncclComms are a group's NCCL communicators on this process's GPU, each
@@ -296,7 +302,14 @@ func (n *ncclComms) split(ctx context.Context, members []int, id string) (*ncclC
 	if err != nil || coll == nil {
 		return nil, err
 	}
-	p2p, err := coll.Split(ctx, everyRank(len(members)), "p2p")
+	return withMessages(ctx, coll, len(members))
+}
+
+// withMessages makes the communicator for point-to-point messages beside
+// coll, the one for collectives of size ranks, and returns the pair; it
+// closes coll when it fails.
+func withMessages(ctx context.Context, coll *cuda.Comm, size int) (*ncclComms, error) {
+	p2p, err := coll.Split(ctx, everyRank(size), "p2p")
 	if err != nil {
 		return nil, errors.Join(err, coll.Close())
 	}

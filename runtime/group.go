@@ -152,12 +152,10 @@ func (pg *ProcessGroup) Backend() string { return pg.job.backend }
 // tensors must be on it. It is the job's: Close of the group Init
 // returned closes it.
 func (pg *ProcessGroup) Device() *cuda.Device {
-	if pg.job.gpu != nil {
-		return pg.job.gpu.dev
-	}
-	pg.job.askedMu.Lock()
-	defer pg.job.askedMu.Unlock()
-	return pg.job.asked
+	j := pg.job
+	j.askedMu.Lock()
+	defer j.askedMu.Unlock()
+	return j.device()
 }
 
 // OpenDevice returns this process's GPU as Device does, opening it when
@@ -166,30 +164,27 @@ func (pg *ProcessGroup) Device() *cuda.Device {
 // LOCAL_RANK-th GPU, modulo the GPUs the driver sees, and the job's: Close
 // of the group Init returned closes it.
 func (pg *ProcessGroup) OpenDevice(ctx context.Context) (*cuda.Device, error) {
-	if pg.job.gpu != nil {
-		return pg.job.gpu.dev, nil
-	}
 	j := pg.job
 	j.askedMu.Lock()
 	defer j.askedMu.Unlock()
-	if j.asked != nil {
-		return j.asked, nil
+	if dev := j.device(); dev != nil {
+		return dev, nil
 	}
-	drv, err := cuda.LoadDriver(ctx, j.gpuSearch)
+	dev, _, err := openDevice(ctx, j.gpuSearch, j.localRank)
 	if err != nil {
 		return nil, fmt.Errorf("runtime: open a GPU: %w", err)
 	}
-	count, err := drv.DeviceCount()
-	if err == nil && count == 0 {
-		err = fmt.Errorf("the driver %s sees no GPU", drv.Path())
+	j.asked = dev
+	return dev, nil
+}
+
+// device returns the job's GPU: Init's, else the one OpenDevice opened,
+// else nil. The caller holds askedMu.
+func (j *job) device() *cuda.Device {
+	if j.gpu != nil {
+		return j.gpu.dev
 	}
-	if err != nil {
-		return nil, fmt.Errorf("runtime: open a GPU: %w", err)
-	}
-	if j.asked, err = drv.OpenDevice(j.localRank % count); err != nil {
-		return nil, fmt.Errorf("runtime: open a GPU: %w", err)
-	}
-	return j.asked, nil
+	return j.asked
 }
 
 func (pg *ProcessGroup) String() string {

@@ -89,11 +89,17 @@ func (pg *ProcessGroup) startP2P(w *Work, args operands, l lane, host func(conte
 		if err = pg.checkP2P("", l); err != nil {
 			return err
 		}
-		if nccl, err = pg.onNCCL("", args, l); err != nil || nccl {
+		nccl, err = pg.onNCCL(args)
+		switch {
+		case err != nil:
 			return err
+		case !nccl:
+			w.run, err = route(args, nil, host, nil)
+			return err
+		case !l.send && l.peer == AnySource:
+			return anySourceOnNCCL("")
 		}
-		w.run, err = route(args, nil, host, nil)
-		return err
+		return args.onGPUOf(pg.nccl.messages())
 	})
 	if err != nil {
 		w.finish(err)
@@ -105,17 +111,17 @@ func (pg *ProcessGroup) startP2P(w *Work, args operands, l lane, host func(conte
 	return pg.lanes.start(l, w)
 }
 
-// onNCCL reports whether a message of args on lane l goes on NCCL,
-// refusing what NCCL cannot do; where names the message in a batch.
-func (pg *ProcessGroup) onNCCL(where string, args operands, l lane) (bool, error) {
+// onNCCL reports whether messages of args go on NCCL: device tensors, in
+// a group that has it.
+func (pg *ProcessGroup) onNCCL(args operands) (bool, error) {
 	onDevice, err := args.onDevice()
-	if err != nil || !onDevice || pg.nccl == nil {
-		return false, err
-	}
-	if !l.send && l.peer == AnySource {
-		return false, invalid("%sAnySource with a device tensor: NCCL receives from a named rank only", where)
-	}
-	return true, args.onGPUOf(pg.nccl.messages())
+	return err == nil && onDevice && pg.nccl != nil, err
+}
+
+// anySourceOnNCCL refuses a receive from AnySource on NCCL; where names
+// it in a batch.
+func anySourceOnNCCL(where string) error {
+	return invalid("%sAnySource with a device tensor: NCCL receives from a named rank only", where)
 }
 
 // queueOnNCCL queues w's device form on the group's NCCL communicator for
@@ -211,13 +217,16 @@ func (pg *ProcessGroup) batchOnNCCL(ops []P2POp) (bool, error) {
 			all.writes = append(all.writes, &ops[i].Tensor)
 		}
 	}
-	nccl, err := pg.onNCCL("", all, lane{send: true})
+	nccl, err := pg.onNCCL(all)
 	if !nccl || err != nil {
+		return false, err
+	}
+	if err := all.onGPUOf(pg.nccl.messages()); err != nil {
 		return false, err
 	}
 	for i, op := range ops {
 		if op.Op == RecvOp && op.Peer == AnySource {
-			return false, invalid("ops[%d] AnySource with a device tensor: NCCL receives from a named rank only", i)
+			return false, anySourceOnNCCL(fmt.Sprintf("ops[%d] ", i))
 		}
 	}
 	return true, nil

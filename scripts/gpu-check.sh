@@ -98,7 +98,7 @@ echo "gpu-check: logs in $LOGS"
 
 # 1. NCCL at world size 1; and "auto" choosing it.
 step 1-nccl-world-1 ok "checks passed on backend nccl" 1 -- \
-	env GORUN_BACKEND=nccl "$BIN/gorun" --nproc-per-node 1 "$BIN/gpucheck" -backend nccl -want nccl
+	"$BIN/gorun" --nproc-per-node 1 "$BIN/gpucheck" -backend nccl -want nccl
 step 1-auto-chooses-nccl ok "checks passed on backend nccl" 1 -- \
 	"$BIN/gorun" --nproc-per-node 1 "$BIN/gpucheck" -want nccl -n 4096
 
@@ -118,9 +118,9 @@ step 2-nccl-without-nccl-fails fail "no usable libnccl.so.2 (set GORUN_NCCL_LIBR
 # 3. allreduce-perf on device buffers, both backends (busbw is 0 at world
 # size 1 by nccl-tests' formula; algbw is what counts there).
 step 3-allreduce-perf-nccl ok "" "" -- \
-	env GORUN_BACKEND=nccl "$BIN/gorun" --nproc-per-node 1 "$BIN/allreduce-perf" -backend nccl -device cuda -b 8 -e 256M -f 4
+	"$BIN/gorun" --nproc-per-node 1 "$BIN/allreduce-perf" -backend nccl -device cuda -b 8 -e 256M -f 4
 step 3-allreduce-perf-tcp ok "" "" -- \
-	env GORUN_BACKEND=tcp CUDA_VISIBLE_DEVICES=0 "$BIN/gorun" --nproc-per-node 4 "$BIN/allreduce-perf" -backend tcp -device cuda -b 8 -e 64M -f 4
+	env CUDA_VISIBLE_DEVICES=0 "$BIN/gorun" --nproc-per-node 4 "$BIN/allreduce-perf" -backend tcp -device cuda -b 8 -e 64M -f 4
 
 # 4. PyTorch under gorun.
 step 4-torch-gloo-4-ranks ok "torch job: 0 of the operations failed" 1 -- \

@@ -3,7 +3,6 @@ package main
 import (
 	"fmt"
 	"io"
-	"net"
 	"os"
 	"strconv"
 
@@ -49,16 +48,18 @@ func doctorCommand(stdout io.Writer) *cli.Command {
 // torchrun's default.
 func doctorStorePort(c *cli.Context, lookupEnv func(string) (string, bool)) (doctor.StorePort, error) {
 	if ep := inheritedString(c, "rdzv-endpoint"); ep != "" {
-		host, port, err := net.SplitHostPort(ep)
-		if err != nil {
+		const noPort = -1 // what splitEndpoint gives for HOST alone
+		host, port, err := splitEndpoint(ep, noPort)
+		switch {
+		case err != nil:
+			return doctor.StorePort{}, err
+		case port == noPort:
 			// HOST alone: the c10d default port.
 			return doctor.StorePort{Port: rendezvous.DefaultEndpointPort, Source: "--rdzv-endpoint " + ep + ", default port"}, nil
+		case port < 1:
+			return doctor.StorePort{}, fmt.Errorf("--rdzv-endpoint %q: want a port from 1 to 65535", ep)
 		}
-		n, err := strconv.Atoi(port)
-		if err != nil || n < 1 || n > 65535 {
-			return doctor.StorePort{}, fmt.Errorf("--rdzv-endpoint %q: port %q is not a number from 1 to 65535", ep, port)
-		}
-		return doctor.StorePort{Port: n, Source: "--rdzv-endpoint, store on " + host}, nil
+		return doctor.StorePort{Port: port, Source: "--rdzv-endpoint, store on " + host}, nil
 	}
 	if p := inheritedString(c, "master-port"); p != "" {
 		n, err := strconv.Atoi(p)

@@ -20,6 +20,7 @@ import (
 	"io"
 	"math"
 	"os"
+	"slices"
 	"strings"
 	"time"
 
@@ -289,26 +290,41 @@ func same(got, want dist.Tensor) error {
 
 // values reads a host tensor as float64s.
 func values(t dist.Tensor) []float64 {
-	v := make([]float64, t.Len())
-	for i := range v {
-		switch t.DType() {
-		case dist.Int8:
-			v[i] = float64(dist.Elems[int8](t)[i])
-		case dist.Uint8:
-			v[i] = float64(dist.Elems[uint8](t)[i])
-		case dist.Int32:
-			v[i] = float64(dist.Elems[int32](t)[i])
-		case dist.Int64:
-			v[i] = float64(dist.Elems[int64](t)[i])
-		case dist.Float32:
-			v[i] = float64(dist.Elems[float32](t)[i])
-		case dist.Float64:
-			v[i] = dist.Elems[float64](t)[i]
-		case dist.Float16:
-			v[i] = float64(dist.FromFloat16(t.HalfBits()[i]))
-		case dist.BFloat16:
-			v[i] = float64(dist.FromBFloat16(t.HalfBits()[i]))
-		}
+	switch t.DType() {
+	case dist.Int8:
+		return widen(dist.Elems[int8](t))
+	case dist.Uint8:
+		return widen(dist.Elems[uint8](t))
+	case dist.Int32:
+		return widen(dist.Elems[int32](t))
+	case dist.Int64:
+		return widen(dist.Elems[int64](t))
+	case dist.Float32:
+		return widen(dist.Elems[float32](t))
+	case dist.Float64:
+		return widen(dist.Elems[float64](t))
+	case dist.Float16:
+		return halves(t.HalfBits(), dist.FromFloat16)
+	case dist.BFloat16:
+		return halves(t.HalfBits(), dist.FromBFloat16)
+	}
+	return make([]float64, t.Len())
+}
+
+// halves decodes 16-bit floats with from.
+func halves(bits []uint16, from func(uint16) float32) []float64 {
+	v := make([]float64, len(bits))
+	for i, b := range bits {
+		v[i] = float64(from(b))
+	}
+	return v
+}
+
+// widen converts numbers to float64s.
+func widen[E int8 | uint8 | int32 | int64 | float32 | float64](s []E) []float64 {
+	v := make([]float64, len(s))
+	for i, x := range s {
+		v[i] = float64(x)
 	}
 	return v
 }
@@ -385,7 +401,7 @@ func collectives(n int) []check {
 		checks = append(checks,
 			check{"all_gather list " + how, func(pg *dist.ProcessGroup, m *maker) (waiter, []dist.Tensor) {
 				in := m.tensor(dist.Float32, n, func(i int) float64 { return pattern(pg.Rank(), i) })
-				out := m.list(dist.Float32, repeat(n, pg.Size()), joined, func(int, int) float64 { return -99 })
+				out := m.list(dist.Float32, slices.Repeat([]int{n}, pg.Size()), joined, func(int, int) float64 { return -99 })
 				return pg.AllGatherAsync(out, in).Wait, out
 			}},
 			check{"gather list " + how, func(pg *dist.ProcessGroup, m *maker) (waiter, []dist.Tensor) {
@@ -393,14 +409,14 @@ func collectives(n int) []check {
 				in := m.tensor(dist.Float32, n, func(i int) float64 { return pattern(pg.Rank(), i) })
 				var out []dist.Tensor
 				if pg.Rank() == root {
-					out = m.list(dist.Float32, repeat(n, pg.Size()), joined, func(int, int) float64 { return -99 })
+					out = m.list(dist.Float32, slices.Repeat([]int{n}, pg.Size()), joined, func(int, int) float64 { return -99 })
 				}
 				return pg.GatherAsync(out, in, root).Wait, out
 			}},
 			check{"scatter list " + how, func(pg *dist.ProcessGroup, m *maker) (waiter, []dist.Tensor) {
 				var in []dist.Tensor
 				if pg.Rank() == 0 {
-					in = m.list(dist.Float32, repeat(n, pg.Size()), joined, pattern)
+					in = m.list(dist.Float32, slices.Repeat([]int{n}, pg.Size()), joined, pattern)
 				}
 				out := m.garbage(dist.Float32, n)
 				return pg.ScatterAsync(out, in, 0).Wait, []dist.Tensor{out}
@@ -416,7 +432,7 @@ func collectives(n int) []check {
 			}},
 			check{"all_to_all list " + how, func(pg *dist.ProcessGroup, m *maker) (waiter, []dist.Tensor) {
 				rank, size := pg.Rank(), pg.Size()
-				in := m.list(dist.Int32, repeat(n/size+rank, size), joined, func(peer, i int) float64 { return float64(100*rank + peer + i%100) })
+				in := m.list(dist.Int32, slices.Repeat([]int{n/size + rank}, size), joined, func(peer, i int) float64 { return float64(100*rank + peer + i%100) })
 				lengths := make([]int, size)
 				for peer := range lengths {
 					lengths[peer] = n/size + peer
@@ -505,11 +521,3 @@ func all(works ...*dist.Work) waiter {
 
 // finished is the waiter of an operation that is over, with err.
 func finished(err error) waiter { return func(context.Context) error { return err } }
-
-func repeat(n, times int) []int {
-	s := make([]int, times)
-	for i := range s {
-		s[i] = n
-	}
-	return s
-}
