@@ -99,8 +99,7 @@ func (a *Agent) Run(ctx context.Context) (*Result, error) {
 			// Give heartbeats time to tell a lost node first: its death
 			// kills workers elsewhere too, and that must not spend the
 			// budget. A report on a round already superseded spends nothing.
-			endWeighing := m.weigh(ctx)
-			superseded, sig := a.roundChangesWithin(ctx, m, r, a.spec.Dynamic.FailureGrace)
+			superseded, sig, endWeighing := a.roundChangesWithin(ctx, m, r, a.spec.Dynamic.FailureGrace)
 			if sig != 0 {
 				endWeighing()
 				return a.interrupted(sig, r.restarts), nil
@@ -147,11 +146,14 @@ func (a *Agent) Run(ctx context.Context) (*Result, error) {
 // heartbeats can tell; such failures must not spend the restart budget,
 // which is for the workers' own faults. The wait ends early once every
 // other node has heartbeated since the failure (none was lost), and a
-// signal cuts it short.
-func (a *Agent) roundChangesWithin(ctx context.Context, m membership, r *round, grace time.Duration) (bool, syscall.Signal) {
+// signal cuts it short. While it waits, this node counts as weighing a
+// failure (membership.weigh): call endWeighing once the failure is
+// reported.
+func (a *Agent) roundChangesWithin(ctx context.Context, m membership, r *round, grace time.Duration) (superseded bool, sig syscall.Signal, endWeighing func()) {
 	if r.ranks.GroupWorldSize <= 1 || grace <= 0 {
-		return false, 0
+		return false, 0, func() {}
 	}
+	endWeighing = m.weigh(ctx)
 	a.log.Info().Stringer("grace", grace).Msg("workers failed; checking that no node was lost before spending a restart")
 	t := time.NewTimer(grace)
 	defer t.Stop()
@@ -161,18 +163,18 @@ func (a *Agent) roundChangesWithin(ctx context.Context, m membership, r *round, 
 	for {
 		select {
 		case <-r.changed:
-			return true, 0
+			return true, 0, endWeighing
 		case <-alive:
 			a.log.Info().Msg("every node is alive: the failure is the workers' own")
-			return false, 0
+			return false, 0, endWeighing
 		case s := <-a.opts.Signals:
 			if sig, _ := s.(syscall.Signal); !isNotice(sig) {
-				return false, sig
+				return false, sig, endWeighing
 			}
 		case <-t.C:
-			return false, 0
+			return false, 0, endWeighing
 		case <-ctx.Done():
-			return false, 0
+			return false, 0, endWeighing
 		}
 	}
 }

@@ -16,7 +16,7 @@ import (
 // attempt is one start of the worker group and the output sinks it owns.
 type attempt struct {
 	group      *launcher.Group
-	errorFiles map[int]string // by local rank
+	errorFiles map[int]string // by slot (launcher.Exit.LocalRank)
 	progress   []progressFile // with --hang-timeout
 	closers    []io.Closer
 }
@@ -30,20 +30,32 @@ func (a *Agent) startAttempt(rk ranks, restart, number int, master workerEndpoin
 	att := &attempt{errorFiles: make(map[int]string, s.NProcPerNode)}
 	stdout := launcher.NewConsole(a.opts.Stdout, launcher.ConsoleOptions{Timestamps: s.Timestamps, Now: a.now})
 	stderr := launcher.NewConsole(a.opts.Stderr, launcher.ConsoleOptions{Timestamps: s.Timestamps, Now: a.now})
+	// Where the workers sit as they see it: in the node the rendezvous
+	// gave, unless a scheduler placed the one worker (Spec.Placement).
+	firstLocalRank, localWorldSize := 0, s.NProcPerNode
+	groupRank, groupWorldSize := rk.GroupRank, rk.GroupWorldSize
+	if p := s.Placement; p != nil {
+		firstLocalRank, localWorldSize = p.LocalRank, p.LocalWorldSize
+		groupRank, groupWorldSize = p.NodeRank, p.NNodes
+	}
 	specs := make([]launcher.WorkerSpec, s.NProcPerNode)
-	for lr := range specs {
-		rank := rk.BaseRank + lr
+	// The group knows its workers by slot (WorkerSpec.LocalRank, which
+	// errorFiles, the progress files and Group.Pids go by); lr is the
+	// local rank the worker sees, which names its log folder and picks
+	// where its output goes (--redirects, --tee, --local-ranks-filter).
+	for slot := range specs {
+		rank, lr := rk.BaseRank+slot, firstLocalRank+slot
 		dir, outPath, errPath, errorFile := launcher.LogPaths(logs.dir, s.RunID, number, lr)
 		if err := resetDir(dir); err != nil {
 			att.closeOutput()
 			return nil, fmt.Errorf("elastic: log folder of local rank %d: %w", lr, err)
 		}
-		att.errorFiles[lr] = errorFile
+		att.errorFiles[slot] = errorFile
 		env := launcher.Env{
 			Base:      s.Env,
-			LocalRank: lr, Rank: rank, LocalWorldSize: s.NProcPerNode, WorldSize: rk.WorldSize,
-			GroupRank: rk.GroupRank, GroupWorldSize: rk.GroupWorldSize,
-			RoleName: s.Role, RoleRank: rk.BaseRoleRank + lr, RoleWorldSize: rk.RoleSize,
+			LocalRank: lr, Rank: rank, LocalWorldSize: localWorldSize, WorldSize: rk.WorldSize,
+			GroupRank: groupRank, GroupWorldSize: groupWorldSize,
+			RoleName: s.Role, RoleRank: rk.BaseRoleRank + slot, RoleWorldSize: rk.RoleSize,
 			MasterAddr: master.host, MasterPort: master.port,
 			RestartCount: restart, MaxRestarts: s.MaxRestarts,
 			RunID:            s.RunID,
@@ -54,16 +66,11 @@ func (a *Agent) startAttempt(rk ranks, restart, number int, master workerEndpoin
 			Extra: map[string]string{
 				"GORUN_HOST":      s.Host,
 				"GORUN_LOG_DIR":   dir,
-				"GORUN_NODE_RANK": strconv.Itoa(rk.GroupRank),
+				"GORUN_NODE_RANK": strconv.Itoa(groupRank),
 			},
 		}
-		if p := s.Placement; p != nil {
-			env.LocalRank, env.LocalWorldSize = p.LocalRank, p.LocalWorldSize
-			env.GroupRank, env.GroupWorldSize = p.NodeRank, p.NNodes
-			env.Extra["GORUN_NODE_RANK"] = strconv.Itoa(p.NodeRank)
-		}
 		if s.HangTimeout > 0 {
-			p, err := createProgressFile(dir, lr, rank)
+			p, err := createProgressFile(dir, slot, rank)
 			if err != nil {
 				att.closeOutput()
 				return nil, err
@@ -75,7 +82,7 @@ func (a *Agent) startAttempt(rk ranks, restart, number int, master workerEndpoin
 			att.closeOutput()
 			return nil, fmt.Errorf("elastic: environment of local rank %d: %w", lr, err)
 		}
-		prefix := launcher.FormatPrefix(s.PrefixTemplate, s.Role, rank, env.LocalRank, s.Host)
+		prefix := launcher.FormatPrefix(s.PrefixTemplate, s.Role, rank, lr, s.Host)
 		outW, err := att.sink(a.sinkFor(lr, true, logs), stdout, prefix, outPath)
 		var errW io.Writer
 		if err == nil {
@@ -85,8 +92,8 @@ func (a *Agent) startAttempt(rk ranks, restart, number int, master workerEndpoin
 			att.closeOutput()
 			return nil, fmt.Errorf("elastic: output of local rank %d: %w", lr, err)
 		}
-		specs[lr] = launcher.WorkerSpec{
-			LocalRank: lr, Rank: rank,
+		specs[slot] = launcher.WorkerSpec{
+			LocalRank: slot, Rank: rank,
 			Argv: s.Argv, Env: env.Environ(), Dir: s.Dir,
 			Stdout: outW, Stderr: errW, PTY: s.PTY,
 		}

@@ -175,7 +175,7 @@ func (m *dynamicMembership) fail(ctx context.Context, fs []Failure) (bool, error
 func (m *dynamicMembership) awaitAlive(ctx context.Context) <-chan struct{} {
 	alive := make(chan struct{})
 	go func() {
-		if ok, _ := m.d.AwaitAlive(ctx); ok {
+		if m.d.AwaitAlive(ctx) {
 			close(alive)
 		}
 	}()

@@ -60,15 +60,13 @@ type Result struct {
 	Interrupted string
 }
 
-const reportWidth = 60
-
 // WriteReport prints torchrun's failure table for r, root cause first.
 func WriteReport(w io.Writer, name string, r *Result) {
 	if len(r.Failures) == 0 {
 		return
 	}
 	var b strings.Builder
-	thick, thin := strings.Repeat("=", reportWidth), strings.Repeat("-", reportWidth)
+	thick, thin := strings.Repeat("=", launcher.ReportWidth), strings.Repeat("-", launcher.ReportWidth)
 	fmt.Fprintf(&b, "%s\n%s FAILED\n%s\n", thick, name, thin)
 	b.WriteString("Root Cause (first observed failure):\n")
 	writeFailure(&b, 0, r.Failures[0])

@@ -100,7 +100,7 @@ func ParseHostfile(r io.Reader, name string, defaultSlots int) ([]Host, error) {
 
 func parseHostfileLine(text string, defaultSlots int) (Host, error) {
 	fields := strings.Fields(text)
-	h, slotsGiven, err := parseHostEntry(fields[0], defaultSlots)
+	h, err := parseHostEntry(fields[0], defaultSlots)
 	if err != nil {
 		return Host{}, err
 	}
@@ -112,14 +112,14 @@ func parseHostfileLine(text string, defaultSlots int) (Host, error) {
 		}
 		switch key {
 		case "slots":
-			if slotsGiven {
+			if !h.DefaultSlots {
 				return Host{}, errors.New("slots given twice")
 			}
 			n, err := parsePositive(value)
 			if err != nil {
 				return Host{}, errSlots
 			}
-			h.Slots, h.DefaultSlots, slotsGiven = n, false, true
+			h.Slots, h.DefaultSlots = n, false
 		case "max_slots", "max-slots":
 			if maxSlots != 0 {
 				return Host{}, errors.New("max_slots given twice")
@@ -133,50 +133,50 @@ func parseHostfileLine(text string, defaultSlots int) (Host, error) {
 			return Host{}, fmt.Errorf("unknown key %q (want slots or max_slots)", key)
 		}
 	}
-	if maxSlots != 0 && slotsGiven && maxSlots < h.Slots {
+	if maxSlots != 0 && !h.DefaultSlots && maxSlots < h.Slots {
 		return Host{}, fmt.Errorf("max_slots %d is less than slots %d", maxSlots, h.Slots)
 	}
 	return h, nil
 }
 
-// parseHostEntry parses "host", "host:N", "[v6]" or "[v6]:N", reporting
-// whether N was given.
-func parseHostEntry(entry string, defaultSlots int) (h Host, slotsGiven bool, err error) {
-	name, slots := entry, ""
+// parseHostEntry parses "host", "host:N", "[v6]" or "[v6]:N"; without N,
+// the host has defaultSlots (Host.DefaultSlots).
+func parseHostEntry(entry string, defaultSlots int) (Host, error) {
+	name, slots, slotsGiven := entry, "", false
 	if rest, ok := strings.CutPrefix(entry, "["); ok {
 		addr, after, ok := strings.Cut(rest, "]")
 		if !ok {
-			return Host{}, false, errors.New("missing ']'")
+			return Host{}, errors.New("missing ']'")
 		}
 		if a, err := netip.ParseAddr(addr); err != nil || !a.Is6() {
-			return Host{}, false, fmt.Errorf("%q in brackets is not an IPv6 address", addr)
+			return Host{}, fmt.Errorf("%q in brackets is not an IPv6 address", addr)
 		}
 		name = addr
 		if after != "" {
 			s, ok := strings.CutPrefix(after, ":")
 			if !ok {
-				return Host{}, false, fmt.Errorf("unexpected %q after ']'", after)
+				return Host{}, fmt.Errorf("unexpected %q after ']'", after)
 			}
 			slots, slotsGiven = s, true
 		}
 	} else {
 		if strings.Count(entry, ":") > 1 {
-			return Host{}, false, errors.New("an IPv6 address must be in brackets, as [::1]:4")
+			return Host{}, errors.New("an IPv6 address must be in brackets, as [::1]:4")
 		}
 		name, slots, slotsGiven = strings.Cut(entry, ":")
 		if err := checkHostName(name); err != nil {
-			return Host{}, false, err
+			return Host{}, err
 		}
 	}
-	h = Host{Name: name, Slots: defaultSlots, DefaultSlots: !slotsGiven}
+	h := Host{Name: name, Slots: defaultSlots, DefaultSlots: !slotsGiven}
 	if slotsGiven {
 		n, err := parsePositive(slots)
 		if err != nil {
-			return Host{}, false, errSlots
+			return Host{}, errSlots
 		}
 		h.Slots = n
 	}
-	return h, slotsGiven, nil
+	return h, nil
 }
 
 func checkHostName(name string) error {
@@ -211,7 +211,7 @@ func ParseHostList(spec string, defaultSlots int) ([]Host, error) {
 		var err error
 		if entry == "" {
 			err = errors.New("empty entry")
-		} else if h, _, err = parseHostEntry(entry, defaultSlots); err == nil {
+		} else if h, err = parseHostEntry(entry, defaultSlots); err == nil {
 			if at, dup := first[h.Name]; dup {
 				err = fmt.Errorf("duplicate host %q (first at entry %d)", h.Name, at)
 			}

@@ -6,9 +6,12 @@ import (
 	"sync"
 )
 
-// reportRule is the line of '=' that opens and closes a failure report
-// (elastic.WriteReport).
-var reportRule = bytes.Repeat([]byte("="), 60)
+// ReportWidth is the width of the rules that frame a failure report
+// (elastic.WriteReport): a line of ReportWidth '=' opens and closes one.
+const ReportWidth = 60
+
+// reportRule is the line that opens and closes a failure report.
+var reportRule = bytes.Repeat([]byte("="), ReportWidth)
 
 // maxReportBlock bounds how much of a report is held back: a longer block
 // is passed through as it comes.
@@ -43,55 +46,66 @@ type reportFilter struct {
 	w       io.WriteCloser
 	seen    *reportsSeen
 	partial []byte // the last line, until its newline comes
-	block   []byte // the report being collected; nil outside one
+	// cut is set once the start of the last line was handed on: it is
+	// too long to be a rule.
+	cut   bool
+	block []byte // the report being collected; nil outside one
 }
 
+// Write hands on what passes of p in one write to f.w.
 func (f *reportFilter) Write(p []byte) (int, error) {
 	f.partial = append(f.partial, p...)
+	var out []byte
+	rest := f.partial
 	for {
-		i := bytes.IndexByte(f.partial, '\n')
+		i := bytes.IndexByte(rest, '\n')
 		if i < 0 {
 			break
 		}
-		line := f.partial[:i+1]
-		if err := f.line(line); err != nil {
+		out = f.line(out, rest[:i+1])
+		rest = rest[i+1:]
+	}
+	// Keep the unfinished line at the start of the buffer, which later
+	// appends then reuse.
+	f.partial = f.partial[:copy(f.partial, rest)]
+	if len(f.partial) > MaxLineLength {
+		// Like the console's lineWriter, hold no more of one line.
+		out = f.line(out, f.partial)
+		f.partial, f.cut = f.partial[:0], true
+	}
+	if len(out) > 0 {
+		if _, err := f.w.Write(out); err != nil {
 			return 0, err
 		}
-		f.partial = f.partial[i+1:]
 	}
-	// Keep the unfinished line in a buffer of its own, so appends do not
-	// grow the consumed prefix forever.
-	f.partial = append([]byte(nil), f.partial...)
 	return len(p), nil
 }
 
-func (f *reportFilter) line(line []byte) error {
-	rule := bytes.Equal(bytes.TrimRight(line, "\r\n"), reportRule)
+// line takes one line, or the start of a long one, and returns out with
+// whatever of it, and of the report it closes, passes.
+func (f *reportFilter) line(out, line []byte) []byte {
+	rule := !f.cut && bytes.Equal(bytes.TrimRight(line, "\r\n"), reportRule)
+	f.cut = false
 	switch {
 	case f.block == nil && !rule:
-		_, err := f.w.Write(line)
-		return err
+		return append(out, line...)
 	case f.block == nil:
 		f.block = append([]byte(nil), line...)
-		return nil
+		return out
 	}
 	f.block = append(f.block, line...)
-	if rule {
+	switch {
+	case rule:
 		block := f.block
 		f.block = nil
 		if f.seen.first(block) {
-			_, err := f.w.Write(block)
-			return err
+			out = append(out, block...)
 		}
-		return nil
-	}
-	if len(f.block) > maxReportBlock {
-		block := f.block
+	case len(f.block) > maxReportBlock:
+		out = append(out, f.block...)
 		f.block = nil
-		_, err := f.w.Write(block)
-		return err
 	}
-	return nil
+	return out
 }
 
 // Close passes on what is held back, then closes the destination.

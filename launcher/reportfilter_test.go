@@ -40,3 +40,20 @@ func TestReportFilterShowsEachReportOnce(t *testing.T) {
 		t.Errorf("host B:\n%q\nwant\n%q", outB.String(), want)
 	}
 }
+
+// A line longer than the console holds passes before its newline comes,
+// and a rule at its end does not open a report.
+func TestReportFilterPassesLongLines(t *testing.T) {
+	rule := strings.Repeat("=", 60)
+	var out closingBuffer
+	f := &reportFilter{w: &out, seen: &reportsSeen{}}
+	long := strings.Repeat("x", MaxLineLength+1)
+	f.Write([]byte(long))
+	if out.String() != long {
+		t.Fatalf("got %d bytes of a %d-byte line before its end, want all", out.Len(), len(long))
+	}
+	f.Write([]byte(rule + "\nafter\n"))
+	if want := long + rule + "\nafter\n"; out.String() != want {
+		t.Errorf("the end of a long line opened a report: got %d bytes, want %d", out.Len(), len(want))
+	}
+}

@@ -82,15 +82,11 @@ func DetectSlurm(lookupEnv func(string) (string, bool)) (step SlurmStep, ok bool
 	return step, true, nil
 }
 
-// DetectSlurmTask reads what DetectSlurm reads and this task's place in the
-// step; ok is false outside an srun step.
-func DetectSlurmTask(lookupEnv func(string) (string, bool)) (task SlurmTask, ok bool, err error) {
-	step, ok, err := DetectSlurm(lookupEnv)
-	if !ok || err != nil {
-		return SlurmTask{}, ok, err
-	}
+// SlurmTaskOf reads this task's place in step, the srun step DetectSlurm
+// found.
+func SlurmTaskOf(step SlurmStep, lookupEnv func(string) (string, bool)) (SlurmTask, error) {
 	env := &slurmEnv{lookup: lookupEnv}
-	task = SlurmTask{
+	task := SlurmTask{
 		SlurmStep: step,
 		Rank:      env.number("SLURM_PROCID"),
 		Tasks:     env.number("SLURM_STEP_NUM_TASKS", "SLURM_NTASKS", "SLURM_NPROCS"),
@@ -98,20 +94,20 @@ func DetectSlurmTask(lookupEnv func(string) (string, bool)) (task SlurmTask, ok 
 	}
 	perNode := env.get("SLURM_STEP_TASKS_PER_NODE", "SLURM_TASKS_PER_NODE")
 	if env.err != nil {
-		return SlurmTask{}, false, env.err
+		return SlurmTask{}, env.err
 	}
 	counts, err := ExpandTasksPerNode(perNode)
 	if err != nil {
-		return SlurmTask{}, false, err
+		return SlurmTask{}, err
 	}
 	if len(counts) != step.NNodes {
-		return SlurmTask{}, false, fmt.Errorf("launcher: slurm: tasks per node %q names %d nodes, the step has %d", perNode, len(counts), step.NNodes)
+		return SlurmTask{}, fmt.Errorf("launcher: slurm: tasks per node %q names %d nodes, the step has %d", perNode, len(counts), step.NNodes)
 	}
 	task.LocalTasks = counts[step.NodeRank]
 	if task.Tasks < 1 || task.Rank < 0 || task.Rank >= task.Tasks || task.LocalRank < 0 || task.LocalRank >= task.LocalTasks {
-		return SlurmTask{}, false, fmt.Errorf("launcher: slurm: task %d (local %d) does not fit %d tasks, %d on this node", task.Rank, task.LocalRank, task.Tasks, task.LocalTasks)
+		return SlurmTask{}, fmt.Errorf("launcher: slurm: task %d (local %d) does not fit %d tasks, %d on this node", task.Rank, task.LocalRank, task.Tasks, task.LocalTasks)
 	}
-	return task, true, nil
+	return task, nil
 }
 
 // Port is the rendezvous port every node of the job derives alike from

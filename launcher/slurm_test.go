@@ -51,12 +51,22 @@ func TestDetectSlurmTask(t *testing.T) {
 		"SLURM_LOCALID": "0", "SLURM_STEP_TASKS_PER_NODE": "3,2",
 	}
 	lookup := func(k string) (string, bool) { v, ok := vars[k]; return v, ok }
-	got, ok, err := DetectSlurmTask(lookup)
+	// detectTask reads the step, then the task's place in it, as
+	// --slurm-direct does; ok is false on any error.
+	detectTask := func(lookup func(string) (string, bool)) (SlurmTask, bool, error) {
+		step, ok, err := DetectSlurm(lookup)
+		if !ok || err != nil {
+			return SlurmTask{}, ok, err
+		}
+		task, err := SlurmTaskOf(step, lookup)
+		return task, err == nil, err
+	}
+	got, ok, err := detectTask(lookup)
 	if err != nil || !ok {
-		t.Fatalf("DetectSlurmTask = %v, %v", ok, err)
+		t.Fatalf("detectTask = %v, %v", ok, err)
 	}
 	if got.Rank != 3 || got.Tasks != 5 || got.LocalRank != 0 || got.LocalTasks != 2 || got.NodeRank != 1 || got.Nodes[0] != "n1" {
-		t.Errorf("DetectSlurmTask = %+v", got)
+		t.Errorf("detectTask = %+v", got)
 	}
 
 	for key, bad := range map[string]string{
@@ -67,7 +77,7 @@ func TestDetectSlurmTask(t *testing.T) {
 	} {
 		old := vars[key]
 		vars[key] = bad
-		_, ok, err := DetectSlurmTask(lookup)
+		_, ok, err := detectTask(lookup)
 		vars[key] = old
 		if ok || err == nil || !strings.HasPrefix(err.Error(), "launcher: ") {
 			t.Errorf("%s=%q: want an error, got %v, %v", key, bad, ok, err)

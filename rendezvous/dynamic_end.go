@@ -141,18 +141,25 @@ func (d *Dynamic) Fail(ctx context.Context, report []byte) (restart bool, err er
 	return true, nil
 }
 
-// Weigh records that this node's workers failed and that it is weighing
-// the failure before it reports it (Fail): waiting to hear whether a lost
-// node caused it. A node that ends the job meanwhile waits for it in
-// AwaitReports, since its report may hold the root cause. Call end once
-// the failure is reported or dropped.
+// Weigh records that this node's workers failed in its current round and
+// that it is weighing the failure before it reports it (Fail): waiting to
+// hear whether a lost node caused it. A node that ends the job meanwhile
+// waits for it in AwaitReports, since its report may hold the root cause.
+// Call end once the failure is reported or dropped.
 func (d *Dynamic) Weigh(ctx context.Context) (end func(), err error) {
 	ctx, done, err := d.begin(ctx)
 	if err != nil {
 		return nil, err
 	}
 	defer done()
-	if _, err := d.job.Add(ctx, keyWeighing, 1); err != nil {
+	_, st, err := d.current()
+	if err != nil {
+		return nil, err
+	}
+	// Counted per round: a node that dies while weighing never ends it,
+	// and must hold up no round but its own.
+	key := roundKey(st.round, keyWeighing)
+	if _, err := d.job.Add(ctx, key, 1); err != nil {
 		return nil, fmt.Errorf("rendezvous: record a failure being weighed: %w", err)
 	}
 	return func() {
@@ -163,7 +170,7 @@ func (d *Dynamic) Weigh(ctx context.Context) (end func(), err error) {
 		defer done()
 		ctx, cancel := context.WithTimeout(ctx, d.opts.HeartbeatInterval)
 		defer cancel()
-		if _, err := d.job.Add(ctx, keyWeighing, -1); err != nil {
+		if _, err := d.job.Add(ctx, key, -1); err != nil {
 			d.log.Warn().Err(err).Msg("could not record the end of weighing a failure; other nodes wait out their grace")
 		}
 	}, nil
@@ -173,53 +180,56 @@ func (d *Dynamic) Weigh(ctx context.Context) (end func(), err error) {
 // heartbeated twice since the call, and reports whether they all did
 // before ctx ended: then no node of the round was lost when the call
 // began. Twice, because one increment may have been on its way when a
-// node died.
-func (d *Dynamic) AwaitAlive(ctx context.Context) (bool, error) {
+// node died. It reports false too when the round's nodes or their
+// heartbeats cannot be read: no news.
+func (d *Dynamic) AwaitAlive(ctx context.Context) bool {
 	nodes, err := d.Nodes(ctx)
 	if err != nil {
-		return false, err
+		return false
 	}
 	ctx, done, err := d.begin(ctx)
 	if err != nil {
-		return false, err
+		return false
 	}
 	defer done()
-	first := make(map[string]int64, len(nodes))
+	// The heartbeat count each node not yet seen beating twice had when
+	// first read; -1 until then.
+	pending := make(map[string]int64, len(nodes))
+	for _, n := range nodes {
+		if n.ID != d.opts.NodeID {
+			pending[n.ID] = -1
+		}
+	}
 	// Poll well within an interval: the answer comes one poll after the
 	// second beat.
 	tick := time.NewTicker(d.opts.HeartbeatInterval / 10)
 	defer tick.Stop()
 	for {
-		alive := 0
-		for _, n := range nodes {
-			if n.ID == d.opts.NodeID {
-				alive++
-				continue
-			}
-			beat, err := d.beats.Add(ctx, heartbeatKey(n.ID), 0)
-			if err != nil {
-				return false, nil // ctx ended, or the store is gone: no news
-			}
-			if _, seen := first[n.ID]; !seen {
-				first[n.ID] = beat
-			}
-			if beat-first[n.ID] >= 2 {
-				alive++
+		for id, first := range pending {
+			beat, err := d.beats.Add(ctx, heartbeatKey(id), 0)
+			switch {
+			case err != nil:
+				return false // ctx ended, or the store is gone
+			case first < 0:
+				pending[id] = beat
+			case beat-first >= 2:
+				delete(pending, id)
 			}
 		}
-		if alive == len(nodes) {
-			return true, nil
+		if len(pending) == 0 {
+			return true
 		}
 		select {
 		case <-tick.C:
 		case <-ctx.Done():
-			return false, nil
+			return false
 		}
 	}
 }
 
-// AwaitReports waits until no node is weighing a failure (see Weigh), or
-// timeout: a node that died while weighing never ends it.
+// AwaitReports waits until no node is weighing a failure (see Weigh) of
+// the round whose end failed the job (of the current round while the job
+// runs), or timeout: a node that died while weighing never ends it.
 func (d *Dynamic) AwaitReports(ctx context.Context, timeout time.Duration) error {
 	ctx, done, err := d.begin(ctx)
 	if err != nil {
@@ -228,10 +238,25 @@ func (d *Dynamic) AwaitReports(ctx context.Context, timeout time.Duration) error
 	defer done()
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
+	st, err := d.job.state(ctx)
+	if err != nil {
+		if ctx.Err() != nil {
+			return nil
+		}
+		return fmt.Errorf("rendezvous: count the failures being weighed: %w", err)
+	}
+	// An end opens the round after the last one (jobState.next): the
+	// reports that count are of the round it superseded.
+	r := st.round
+	if st.end != running {
+		r--
+	}
+	// Poll more often than d.poll, half a heartbeat: the job is over, and
+	// its report waits on this.
 	tick := time.NewTicker(min(d.opts.HeartbeatInterval, 50*time.Millisecond))
 	defer tick.Stop()
 	for {
-		n, err := d.job.Add(ctx, keyWeighing, 0)
+		n, err := d.job.counter(ctx, roundKey(r, keyWeighing))
 		switch {
 		case err != nil && ctx.Err() != nil:
 			return nil

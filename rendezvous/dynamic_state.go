@@ -25,6 +25,8 @@ import (
 //	round/<r>/superseded    why round r ended (first writer wins)
 //	round/<r>/done          counter of nodes whose workers all succeeded
 //	round/<r>/complete      set by the last of them: the exit barrier
+//	round/<r>/weighing      counter of nodes deciding whether a worker
+//	                        failure is a lost node's doing (Weigh)
 //	hb/<node id>            heartbeat counter
 //	failures                failure reports, one JSON line each
 //

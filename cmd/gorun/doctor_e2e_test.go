@@ -11,8 +11,6 @@ import (
 	"strconv"
 	"strings"
 	"testing"
-
-	"github.com/gorun/gorun/cuda/nvml"
 )
 
 func TestDoctorReportsThisHost(t *testing.T) {
@@ -164,7 +162,7 @@ func TestDoctorReadsTheSlurmStep(t *testing.T) {
 // here, without a driver, gpu fails saying why and auto falls back to the
 // CPUs; on a GPU host both give the visible GPUs.
 func TestNProcPerNodeGPUAndAuto(t *testing.T) {
-	gpus, err := nvml.CountVisible(nvml.New(), os.LookupEnv)
+	gpus, err := visibleGPUs()
 	wantAuto := gpus
 	if err != nil || gpus == 0 {
 		wantAuto = goruntime.NumCPU()

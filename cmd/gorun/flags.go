@@ -153,17 +153,20 @@ func specFromFlags(c *cli.Context, stderr io.Writer) (elastic.Spec, zerolog.Logg
 	}
 	s.Backend = c.String("rdzv-backend")
 	endpoint := c.String("rdzv-endpoint")
-	slurm, inSlurm, err := launcher.DetectSlurm(os.LookupEnv)
+	slurm, inSlurm, slurmErr := launcher.DetectSlurm(os.LookupEnv)
 	nodeRankFromSlurm := false
-	if err != nil {
-		fail(err)
+	if slurmErr != nil {
+		fail(slurmErr)
 	}
 	// Inside an srun step, with no say of the user's, Slurm says how many
 	// nodes there are, which one this is, and where the store is; with
 	// --slurm-direct it also places every worker.
 	if c.Bool("slurm-direct") {
-		if err := slurmDirect(c, &s); err != nil {
-			fail(err)
+		// A malformed step is reported once, above.
+		if slurmErr == nil {
+			if err := slurmDirect(c, &s, slurm, inSlurm); err != nil {
+				fail(err)
+			}
 		}
 		log.Info().Str("job", slurm.JobID).Int("rank", s.NodeRank).Int("world_size", s.MaxNodes).
 			Msg("inside a Slurm step: this task is one worker")
@@ -238,14 +241,20 @@ func specFromFlags(c *cli.Context, stderr io.Writer) (elastic.Spec, zerolog.Logg
 	if s.Signals, err = elastic.ParseSignals(signals); err != nil {
 		fail(err)
 	}
-	if s.Redirects, err = launcher.ParseStd(c.String("redirects"), s.NProcPerNode); err != nil {
+	// These name local ranks as workers see them: a placed worker's is
+	// Slurm's, among the step's tasks on its node.
+	localRanks := s.NProcPerNode
+	if s.Placement != nil {
+		localRanks = s.Placement.LocalWorldSize
+	}
+	if s.Redirects, err = launcher.ParseStd(c.String("redirects"), localRanks); err != nil {
 		fail(fmt.Errorf("--redirects: %w", err))
 	}
-	if s.Tee, err = launcher.ParseStd(c.String("tee"), s.NProcPerNode); err != nil {
+	if s.Tee, err = launcher.ParseStd(c.String("tee"), localRanks); err != nil {
 		fail(fmt.Errorf("--tee: %w", err))
 	}
 	if filter := c.String("local-ranks-filter"); filter != "" {
-		if s.ConsoleRanks, err = launcher.ParseRankFilter(filter, s.NProcPerNode); err != nil {
+		if s.ConsoleRanks, err = launcher.ParseRankFilter(filter, localRanks); err != nil {
 			fail(fmt.Errorf("--local-ranks-filter: %w", err))
 		}
 	}
@@ -363,14 +372,15 @@ func randomID() string {
 
 // slurmDirect makes this Slurm task one worker: a static rendezvous of one
 // "node" per task on the step's first node, with the worker's local rank
-// and node as Slurm placed it.
-func slurmDirect(c *cli.Context, s *elastic.Spec) error {
-	task, ok, err := launcher.DetectSlurmTask(os.LookupEnv)
+// and node as Slurm placed it. step is what DetectSlurm found; inStep is
+// false outside an srun step.
+func slurmDirect(c *cli.Context, s *elastic.Spec, step launcher.SlurmStep, inStep bool) error {
+	if !inStep {
+		return errors.New("--slurm-direct runs inside an srun step, and SLURM_JOB_ID or SLURM_STEP_ID is not set")
+	}
+	task, err := launcher.SlurmTaskOf(step, os.LookupEnv)
 	if err != nil {
 		return fmt.Errorf("--slurm-direct: %w", err)
-	}
-	if !ok {
-		return errors.New("--slurm-direct runs inside an srun step, and SLURM_JOB_ID or SLURM_STEP_ID is not set")
 	}
 	for _, placed := range []string{"nnodes", "node-rank", "rdzv-endpoint", "rdzv-backend", "master-addr", "master-port", "standalone"} {
 		if c.IsSet(placed) {

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/gorun/gorun/internal/slurmtest"
+	"github.com/gorun/gorun/launcher"
 )
 
 // Issue 5, test 3: gorun in batch jobs on a real Slurm cluster of two
@@ -115,7 +116,7 @@ func slurmJobIDs(t *testing.T, n int) int {
 		first := 1000 + rand.IntN(8000)
 		free := true
 		for id := first; id < first+n && free; id++ {
-			l, err := listenLoopback(29400 + id%10000)
+			l, err := listenLoopback(launcher.SlurmStep{JobID: strconv.Itoa(id)}.Port())
 			if err == nil {
 				l.Close()
 			}

@@ -2,7 +2,6 @@ package main
 
 import (
 	"fmt"
-	"math/rand/v2"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -24,15 +23,8 @@ func slurmStep(job, nodes, node int) []string {
 
 // A job id whose derived port is free on this machine right now.
 func slurmJobID(t *testing.T) int {
-	for range 50 {
-		job := 1000 + rand.IntN(9000)
-		if l, err := listenLoopback(29400 + job%10000); err == nil {
-			l.Close()
-			return job
-		}
-	}
-	t.Fatal("no free port for a Slurm job id")
-	return 0
+	t.Helper()
+	return slurmJobIDs(t, 1)
 }
 
 // `srun gorun ./worker` needs no flags: two "nodes" of an srun step form
@@ -128,6 +120,36 @@ exec "$@"
 			if !strings.Contains(all, want) {
 				t.Errorf("missing %q:\n%s", want, all)
 			}
+		}
+	}
+}
+
+// Under --slurm-direct, --local-ranks-filter and the log folders go by
+// the local rank Slurm gave each task, as its worker sees it.
+func TestSlurmDirectLocalRankPicksOutput(t *testing.T) {
+	job := slurmJobID(t)
+	dir, logs := t.TempDir(), t.TempDir()
+	w := script(t, dir, "w.sh", `echo "local=$LOCAL_RANK"`+"\n")
+	agents := make([]*agent, 2)
+	for rank := range agents {
+		agents[rank] = startCommandEnv(t, append(testEnv(t), directTask(job, 2, 2, rank)...), bin("gorun"), "--slurm-direct",
+			"--local-ranks-filter", "1", "--log-dir", logs, w)
+	}
+	for i, a := range agents {
+		if code := a.wait(t, 60*time.Second); code != 0 {
+			t.Fatalf("task %d exited %d:\n%s", i, code, a.out.String())
+		}
+	}
+	if out := agents[0].out.String(); strings.Contains(out, "local=0") {
+		t.Errorf("local rank 0 reached the console past --local-ranks-filter 1:\n%s", out)
+	}
+	if out := agents[1].out.String(); !strings.Contains(out, "local=1") {
+		t.Errorf("local rank 1 is missing from the console:\n%s", out)
+	}
+	for lr := range 2 {
+		path := filepath.Join(logs, fmt.Sprintf("slurm-%d", job), "attempt_0", strconv.Itoa(lr), "stdout.log")
+		if b, err := os.ReadFile(path); err != nil || string(b) != fmt.Sprintf("local=%d\n", lr) {
+			t.Errorf("%s = %q, %v; want local rank %d's output", path, b, err, lr)
 		}
 	}
 }
