@@ -199,11 +199,11 @@ func (ic *inConn) fill() error {
 // being filled, so that whoever reads next sees it.
 func (ic *inConn) read(p []byte) (int, error) {
 	for {
-		n, err := syscall.Read(ic.fd, p)
+		n, err := readNonblocking(ic.fd, p)
 		switch {
-		case err == syscall.EINTR:
+		case err == unix.EINTR:
 			continue
-		case err == syscall.EAGAIN:
+		case err == unix.EAGAIN:
 			return 0, errWouldBlock
 		case err != nil:
 			ic.fail(err)
@@ -214,6 +214,7 @@ func (ic *inConn) read(p []byte) (int, error) {
 				ic.fail(io.EOF)
 			}
 		default:
+			ic.t.moved.Add(1)
 			return n, nil
 		}
 		return 0, ic.err

@@ -150,8 +150,8 @@ func (o *op) await(r *recvReq) error {
 // reads r's connection itself (inConn.poll) and writes its own frames
 // (drive), yielding the core every few looks (on a machine with more
 // ranks than cores, the peer may need it to send what we wait for: at 4
-// ranks on 2 cores this halved an 8-byte all_reduce), for up to
-// awaitYieldSpin. Without a connection to read (shared memory, AnySource,
+// ranks on 2 cores this halved an 8-byte all_reduce), until no byte has
+// moved for awaitYieldSpin. Without a connection to read (shared memory, AnySource,
 // not connected yet) it spins only for awaitSpin and only when other
 // threads can run the transport's poller meanwhile (GOMAXPROCS > 1).
 func (o *op) poll(r *recvReq) bool {
@@ -170,7 +170,7 @@ func (o *op) poll(r *recvReq) bool {
 		ic.spin()
 		defer ic.unspin()
 	}
-	start := time.Now()
+	start, moved := time.Now(), o.c.t.moved.Load()
 	for i := 1; ; i++ {
 		select {
 		case <-r.done:
@@ -182,6 +182,19 @@ func (o *op) poll(r *recvReq) bool {
 		}
 		o.drive()
 		if i%8 == 0 {
+			// The limit counts from the last byte moved, not from the
+			// start: a write of a megabyte into a loopback socket can take
+			// a millisecond, and parking then only adds wake-ups.
+			if m := o.c.t.moved.Load(); m != moved {
+				start, moved = time.Now(), m
+			}
+			select {
+			case <-o.ctx.Done():
+				return false
+			case <-o.c.failed:
+				return false
+			default:
+			}
 			switch spun := time.Since(start); {
 			case spun >= limit:
 				return false

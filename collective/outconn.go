@@ -6,7 +6,6 @@ import (
 	"net"
 	"sync"
 	"syscall"
-	"unsafe"
 
 	"golang.org/x/sys/unix"
 )
@@ -164,7 +163,7 @@ func (o *outConn) push(fd int) error {
 		if len(iov) == 0 {
 			return nil
 		}
-		n, _, errno := unix.Syscall(unix.SYS_WRITEV, uintptr(fd), uintptr(unsafe.Pointer(&iov[0])), uintptr(len(iov)))
+		n, errno := writevNonblocking(fd, iov)
 		clear(o.iov[:cap(o.iov)]) // drop references to callers' buffers
 		switch errno {
 		case 0:
@@ -175,6 +174,7 @@ func (o *outConn) push(fd int) error {
 		default:
 			return errno
 		}
+		o.t.moved.Add(1)
 		o.advance(int(n))
 	}
 }

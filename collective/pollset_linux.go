@@ -3,7 +3,6 @@ package collective
 import (
 	"errors"
 	"time"
-	"unsafe"
 
 	"golang.org/x/sys/unix"
 )
@@ -84,14 +83,4 @@ func (s *pollSet) interrupt() {
 func (s *pollSet) close() {
 	unix.Close(s.epfd)
 	unix.Close(s.wakeFD)
-}
-
-// readable asks the kernel whether fd has data (or an error) to read,
-// without taking the socket's lock as a read would: a spinning op reads
-// only once something came, and does not slow the sender's delivery.
-func readable(fd int) bool {
-	pfd := unix.PollFd{Fd: int32(fd), Events: unix.POLLIN}
-	var zero unix.Timespec // do not wait
-	n, _, errno := unix.RawSyscall(unix.SYS_PPOLL, uintptr(unsafe.Pointer(&pfd)), 1, uintptr(unsafe.Pointer(&zero)))
-	return errno != 0 || n != 0
 }

@@ -90,10 +90,3 @@ func (s *pollSet) close() {
 	unix.Close(s.pipe[0])
 	unix.Close(s.pipe[1])
 }
-
-// readable reports whether fd has data (or an error) to read.
-func readable(fd int) bool {
-	pfd := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}
-	n, err := unix.Poll(pfd, 0)
-	return err != nil || n != 0
-}

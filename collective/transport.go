@@ -56,8 +56,8 @@ const (
 	// payload of at least a quarter of it is read into its destination
 	// directly.
 	readBufferSize = 32 << 10
-	// socketBufferSize is asked of the kernel for both directions, so a
-	// pipelined segment or two fits in flight.
+	// socketBufferSize is asked of the kernel for both directions of a
+	// Unix socket, so a pipelined segment or two fits in flight.
 	socketBufferSize = 4 << 20
 	// awaitSpin is how long an op spins for a frame it cannot read
 	// itself before it parks (op.poll).
@@ -97,6 +97,9 @@ type transport struct {
 	spin       bool         // ops spin briefly for frames (op.poll)
 	poller     *poller      // reads the incoming connections no op is reading
 	parked     atomic.Int32 // ops parked until a frame comes (op.await)
+	// moved counts the socket reads and writes that moved bytes: a
+	// spinning op parks only once nothing has moved for a while.
+	moved atomic.Uint64
 	// goroutinePeers: some peer is a goroutine of this process (tests), so
 	// a spinning op yields to goroutines rather than to threads (yield).
 	goroutinePeers atomic.Bool
@@ -530,14 +533,15 @@ func (t *transport) close() {
 }
 
 // tune sets what every connection wants: no Nagle delay (Go's default
-// for TCP, restated), and kernel buffers that hold a pipelined segment or
-// two.
+// for TCP, restated), and for Unix sockets kernel buffers that hold a
+// pipelined segment or two. TCP keeps the kernel's own sizing, which
+// grows a busy connection's buffers past what we would ask (setting them
+// turns that off): on loopback a 16 MiB all_reduce of 2 ranks took 16 ms
+// with 4 MiB asked for, 13 ms left to the kernel.
 func tune(c net.Conn) {
 	switch c := c.(type) {
 	case *net.TCPConn:
 		c.SetNoDelay(true)
-		c.SetReadBuffer(socketBufferSize)
-		c.SetWriteBuffer(socketBufferSize)
 	case *net.UnixConn:
 		c.SetReadBuffer(socketBufferSize)
 		c.SetWriteBuffer(socketBufferSize)

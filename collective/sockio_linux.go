@@ -1,0 +1,47 @@
+package collective
+
+import (
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+)
+
+// The system calls an op makes on its non-blocking sockets while it
+// spins. They are raw: none of them can block, and a plain system call
+// tells the Go scheduler that the thread may be stuck. A read or write of
+// a megabyte takes long enough (100 us and more) that the runtime's
+// monitor would then take the processor away and wake another thread to
+// run it, only for the op to take it back when the call returns: with
+// every core busy moving bytes, those wake-ups cost a context switch
+// each and kept the monitor polling every 20 us. A raw call looks to the
+// scheduler like ordinary computation; it delays a stop-the-world pause
+// by at most one copy of a socket buffer.
+
+// readable asks the kernel whether fd has data (or an error) to read,
+// without taking the socket's lock as a read would: a spinning op reads
+// only once something came, and does not slow the sender's delivery.
+func readable(fd int) bool {
+	pfd := unix.PollFd{Fd: int32(fd), Events: unix.POLLIN}
+	var zero unix.Timespec // do not wait
+	n, _, errno := unix.RawSyscall(unix.SYS_PPOLL, uintptr(unsafe.Pointer(&pfd)), 1, uintptr(unsafe.Pointer(&zero)))
+	return errno != 0 || n != 0
+}
+
+// readNonblocking is read(2) on a non-blocking descriptor.
+func readNonblocking(fd int, p []byte) (int, error) {
+	if len(p) == 0 {
+		return 0, nil
+	}
+	n, _, errno := unix.RawSyscall(unix.SYS_READ, uintptr(fd), uintptr(unsafe.Pointer(&p[0])), uintptr(len(p)))
+	if errno != 0 {
+		return 0, errno
+	}
+	return int(n), nil
+}
+
+// writevNonblocking is writev(2) on a non-blocking descriptor; iov is
+// not empty.
+func writevNonblocking(fd int, iov []unix.Iovec) (int, unix.Errno) {
+	n, _, errno := unix.RawSyscall(unix.SYS_WRITEV, uintptr(fd), uintptr(unsafe.Pointer(&iov[0])), uintptr(len(iov)))
+	return int(n), errno
+}
