@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"unsafe"
 
 	"golang.org/x/sys/unix"
 )
@@ -88,10 +89,18 @@ func readPeer(pid int, addr uintptr, dst []byte) error {
 		local := [1]unix.Iovec{{Base: &dst[0]}}
 		local[0].SetLen(len(dst))
 		remote := [1]unix.RemoteIovec{{Base: addr, Len: len(dst)}}
-		n, err := unix.ProcessVMReadv(pid, local[:], remote[:], 0)
-		if err != nil {
-			return fmt.Errorf("process_vm_readv from pid %d: %w", pid, err)
+		// Raw, like the socket calls (sockio_linux.go): it cannot block,
+		// and a plain system call this long has the runtime hand our
+		// processor to another thread while it copies.
+		r, _, errno := unix.RawSyscall6(unix.SYS_PROCESS_VM_READV, uintptr(pid),
+			uintptr(unsafe.Pointer(&local[0])), 1, uintptr(unsafe.Pointer(&remote[0])), 1, 0)
+		if errno == unix.EINTR {
+			continue
 		}
+		if errno != 0 {
+			return fmt.Errorf("process_vm_readv from pid %d: %w", pid, errno)
+		}
+		n := int(r)
 		if n == 0 {
 			return fmt.Errorf("process_vm_readv from pid %d: no bytes read", pid)
 		}
