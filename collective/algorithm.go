@@ -125,6 +125,13 @@ func (c *comm) allReduceAlgorithm(n int) algorithm {
 	return algoRing
 }
 
+// singleCopyAllReduce says whether a shared-memory all_reduce of n bytes
+// reads the peer's buffer (allReducePairSingleCopy) rather than going
+// through the slots.
+func (c *comm) singleCopyAllReduce(n int) bool {
+	return c.shm.cma && c.size() == 2 && n >= singleCopyAllReduceMin && n <= singleCopyAllReduceMax
+}
+
 func (c *comm) broadcastAlgorithm(n int) algorithm {
 	switch c.cfg.algo {
 	case algoTree, algoChain:

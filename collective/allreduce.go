@@ -31,7 +31,11 @@ func (c *comm) AllReduce(ctx context.Context, buf []byte, dt DType, op Op) error
 	case algoRHD:
 		err = o.allReduceHalving(buf)
 	case algoShm:
-		err = o.reduceShared(buf, -1)
+		if c.singleCopyAllReduce(len(buf)) {
+			err = o.allReducePairSingleCopy(buf)
+		} else {
+			err = o.reduceShared(buf, -1)
+		}
 	case algoShmFlat:
 		err = o.allReduceSharedFlat(buf)
 	case algoHier:

@@ -1,5 +1,7 @@
 package collective
 
+import "runtime"
+
 // The reductions through shared memory (shm.go, shmops.go).
 //
 // shm (all_reduce, reduce): each rank cuts a block of its buffer into n
@@ -88,6 +90,74 @@ func (o *op) reduceShared(buf []byte, root int) error {
 			return nil
 		})
 	})
+}
+
+// allReducePairSingleCopy is reduceShared's all_reduce for two ranks
+// that can read each other's memory, on large buffers: each reduces its
+// half of the buffer in place, reading the peer's operand straight from
+// the peer's buffer (readPeer) a piece at a time into scratch that stays
+// in cache, then reads the other half's result straight from the peer.
+// Per rank, half the buffer crosses the kernel in and half out, and the
+// reduction writes it once, where the slots cost a copy in, a reduction
+// that writes two places and a copy out: 16 MiB took 2.4 ms instead of
+// 2.8 on 2 cores. Outside singleCopyAllReduceMin and Max the slots win,
+// and from 3 ranks on, where a copy into a slot serves every reader.
+//
+// Neither rank overwrites what the other still reads: the peer reads its
+// half of our buffer before it says it has reduced, and we overwrite that
+// half with its result only after; and each waits for the other to have
+// read its result before it returns.
+func (o *op) allReducePairSingleCopy(buf []byte) error {
+	me, es := o.c.rank, o.hdr.dtype.Size()
+	peer := 1 - me
+	count := len(buf) / es
+	mine, theirs := evenSpan(count, es, 2, me), evenSpan(count, es, 2, peer)
+	piece := singleCopyPiece / es * es
+	scratch := o.scratch(piece)
+	return o.runShared(func(s *shmWorld) error {
+		g := s.next()
+		// The slot goes unused, but the piece table of g's parity is free
+		// once the slot is.
+		if _, err := o.claimSlot(g); err != nil {
+			return err
+		}
+		o.self().pieces(g).setBase(addressOf(buf))
+		o.signalWritten(g)
+		if err := o.awaitWritten(peer, g); err != nil {
+			return err
+		}
+		for lo := 0; lo < mine.len; lo += piece {
+			p := span{mine.off + lo, min(piece, mine.len-lo)}
+			operand := scratch[:p.len]
+			if err := o.readFrom(peer, g, p, operand); err != nil {
+				return err
+			}
+			o.combineOrdered(p.of(buf), operand, peer)
+		}
+		o.signalReduced(g)
+		if err := o.awaitReduced(peer, g); err != nil {
+			return err
+		}
+		if err := o.readFrom(peer, g, theirs, theirs.of(buf)); err != nil {
+			return err
+		}
+		o.signalConsumed(g)
+		if err := o.awaitShared(peer, o.region(peer).consumed, g, true); err != nil {
+			return err
+		}
+		runtime.KeepAlive(buf)
+		return nil
+	})
+}
+
+// readFrom copies span at of the buffer peer published for block g into
+// dst.
+func (o *op) readFrom(peer int, g uint32, at span, dst []byte) error {
+	from := o.region(peer).pieces(g).base() + uintptr(at.off)
+	if err := readPeer(o.c.shm.pids[peer], from, dst); err != nil {
+		return &PeerError{Rank: peer, Op: o.label(), Err: err}
+	}
+	return nil
 }
 
 // allReduceSharedFlat reduces every block whole on every rank: one

@@ -261,6 +261,18 @@ const (
 	// two overlapped copies through the slots (16 MiB: 1.7 ms against
 	// 1.3 ms).
 	singleCopyMaxRanks = 3
+	// singleCopyPiece is how much of the peer's operand a single-copy
+	// all_reduce reads into scratch before it reduces, to find it in the
+	// core's cache (64 KiB to 256 KiB measured alike; 1 MiB 35% slower).
+	singleCopyPiece = 256 << 10
+	// singleCopyAllReduceMin and Max bound the all_reduce of two ranks
+	// that reads the peer's memory. Measured on 2 cores, single copy
+	// against the slots: 2 MiB 0.38 ms and 0.33, 3 MiB 0.50 and 0.63,
+	// 16 MiB 2.4 and 2.8, 24 MiB 4.2 and 4.6, 32 MiB 8.6 and 7.1, 64 MiB
+	// 21 and 16 (in rounds of 1 to 4 MiB too: the slots' blocks, each
+	// copied in, reduced and copied out while in cache, win there).
+	singleCopyAllReduceMin = 3 << 20
+	singleCopyAllReduceMax = 24 << 20
 )
 
 // addressOf is the address of b's first byte in this process, for peers

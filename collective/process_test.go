@@ -221,6 +221,9 @@ func scenarioCollectives(ctx context.Context, c Comm) error {
 // detector) until a collective fails, announcing each on stdout.
 func scenarioAllReduceLoop(ctx context.Context, c Comm) error {
 	size := 64 << 20
+	if c.Size() == 2 {
+		size = singleCopyAllReduceMax // read from each other's memory
+	}
 	if raceEnabled {
 		size = 8 << 20
 	}
@@ -424,18 +427,27 @@ func TestProcessesRunCollectives(t *testing.T) {
 // TestProcessKilledDuringAllReduce: kill -9 one rank in the middle of a
 // 64 MiB all_reduce; every other rank fails within 5 s, naming it.
 func TestProcessKilledDuringAllReduce(t *testing.T) {
-	for _, transport := range []string{"auto", "unix", "tcp"} {
-		t.Run(transport, func(t *testing.T) {
+	for _, tc := range []struct {
+		transport string
+		n, victim int
+	}{
+		{"auto", 4, 2},
+		{"unix", 4, 2},
+		{"tcp", 4, 2},
+		// Two ranks in shared memory read each other's buffers
+		// (allReducePairSingleCopy).
+		{"auto", 2, 1},
+	} {
+		t.Run(fmt.Sprintf("%s/world=%d", tc.transport, tc.n), func(t *testing.T) {
 			before := sharedSegments(t)
-			testKillDuringAllReduce(t, "GORUN_TRANSPORT="+transport)
+			testKillDuringAllReduce(t, tc.n, tc.victim, "GORUN_TRANSPORT="+tc.transport)
 			// The survivors have exited too; the victim never closed.
 			expectNoNewSegments(t, before)
 		})
 	}
 }
 
-func testKillDuringAllReduce(t *testing.T, env ...string) {
-	const n, victim = 4, 2
+func testKillDuringAllReduce(t *testing.T, n, victim int, env ...string) {
 	procs := startRanks(t, n, "allreduce-loop", env...)
 	// Kill it once its third all_reduce has begun: the first two prove
 	// the world works, and the third is surely in flight.

@@ -280,3 +280,29 @@ func TestSharedMemoryPeerMovedOn(t *testing.T) {
 		t.Fatalf("peer %d calls ahead: %v, want no error", shmHistory, err)
 	}
 }
+
+// TestSharedMemoryPairSingleCopy: two ranks reduce large buffers by
+// reading each other's halves (allReducePairSingleCopy), bit for bit the
+// reference, for counts that do not halve evenly and every element width.
+func TestSharedMemoryPairSingleCopy(t *testing.T) {
+	comms := testWorld(t, 2, TCPOptions{})
+	c := comms[0].(*comm)
+	if !c.t.shm.cma {
+		t.Fatal("goroutines of one process cannot read each other's memory")
+	}
+	for i, p := range []struct {
+		dt    DType
+		op    Op
+		count int
+	}{
+		{Float32, Sum, singleCopyAllReduceMin/4 + 1},
+		{BFloat16, Avg, singleCopyAllReduceMin/2 + 3},
+		{Int64, BXor, (singleCopyAllReduceMin+singleCopyPiece)/8 + 1},
+		{Uint8, Max, singleCopyAllReduceMin + 7},
+	} {
+		if !c.singleCopyAllReduce(p.count * p.dt.Size()) {
+			t.Fatalf("%v x %d does not take the single-copy all_reduce", p.dt, p.count)
+		}
+		checkReductions(t, comms, p.dt, p.op, p.count, uint64(i+1))
+	}
+}
