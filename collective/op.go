@@ -151,9 +151,10 @@ func (o *op) await(r *recvReq) error {
 // (drive), yielding the core every few looks (on a machine with more
 // ranks than cores, the peer may need it to send what we wait for: at 4
 // ranks on 2 cores this halved an 8-byte all_reduce), until no byte has
-// moved for awaitYieldSpin. Without a connection to read (shared memory, AnySource,
-// not connected yet) it spins only for awaitSpin and only when other
-// threads can run the transport's poller meanwhile (GOMAXPROCS > 1).
+// moved for awaitYieldSpin. Without a connection to read (shared memory,
+// AnySource, not connected yet) it spins only for awaitSpin and only when
+// other threads can run the transport's poller meanwhile (GOMAXPROCS > 1).
+// It stops early when the op's context ends or the communicator fails.
 func (o *op) poll(r *recvReq) bool {
 	select {
 	case <-r.done:
