@@ -8,7 +8,6 @@ import (
 	"net"
 	"sync"
 	"sync/atomic"
-	"syscall"
 
 	"golang.org/x/sys/unix"
 )
@@ -60,11 +59,7 @@ var errWouldBlock = errors.New("collective: no data yet")
 // closes c, which takes it out of the runtime's poller (no FIN goes:
 // the duplicate keeps the socket open).
 func newInConn(t *transport, src int, c net.Conn) (*inConn, error) {
-	sc, ok := c.(syscall.Conn)
-	if !ok {
-		return nil, fmt.Errorf("collective: %T has no file descriptor", c)
-	}
-	raw, err := sc.SyscallConn()
+	raw, err := rawConn(c)
 	if err != nil {
 		return nil, err
 	}

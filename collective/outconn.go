@@ -2,7 +2,6 @@ package collective
 
 import (
 	"errors"
-	"fmt"
 	"net"
 	"sync"
 	"syscall"
@@ -51,11 +50,7 @@ type outConn struct {
 const maxIovec = 64
 
 func newOutConn(t *transport, peer int, c net.Conn) (*outConn, error) {
-	sc, ok := c.(syscall.Conn)
-	if !ok {
-		return nil, fmt.Errorf("collective: %T has no file descriptor", c)
-	}
-	raw, err := sc.SyscallConn()
+	raw, err := rawConn(c)
 	if err != nil {
 		return nil, err
 	}

@@ -12,6 +12,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/rs/zerolog"
@@ -530,6 +531,16 @@ func (t *transport) close() {
 	if t.shm != nil {
 		t.shm.close()
 	}
+}
+
+// rawConn is c's descriptor, for the system calls the runtime does not
+// make for us.
+func rawConn(c net.Conn) (syscall.RawConn, error) {
+	sc, ok := c.(syscall.Conn)
+	if !ok {
+		return nil, fmt.Errorf("collective: %T has no file descriptor", c)
+	}
+	return sc.SyscallConn()
 }
 
 // tune sets what every connection wants: no Nagle delay (Go's default
