@@ -54,6 +54,9 @@ type TCPOptions struct {
 	segment int
 	// shmSlot overrides the bytes per block of shared-memory algorithms.
 	shmSlot int
+	// yieldSpin overrides how long an op reading its peer's socket spins
+	// with nothing moving before it parks (awaitYieldSpin).
+	yieldSpin time.Duration
 	// noSingleCopy turns off single-copy reads of peers' memory, as a
 	// kernel that forbids them would.
 	noSingleCopy bool
@@ -63,8 +66,9 @@ type TCPOptions struct {
 
 // config is what a communicator and its splits share.
 type config struct {
-	algo    algorithm // forced by GORUN_ALGO; algoAuto chooses by size
-	segment int
+	algo      algorithm // forced by GORUN_ALGO; algoAuto chooses by size
+	segment   int
+	yieldSpin time.Duration
 }
 
 // worldID is the world communicator's id; splits hash their ids from it.
@@ -103,10 +107,7 @@ func NewTCP(ctx context.Context, store rendezvous.Store, rank, size int, opts TC
 	if err != nil {
 		return nil, err
 	}
-	cfg := config{algo: algo, segment: opts.segment}
-	if cfg.segment <= 0 {
-		cfg.segment = defaultSegment
-	}
+	cfg := config{algo: algo, segment: cmp.Or(opts.segment, defaultSegment), yieldSpin: cmp.Or(opts.yieldSpin, awaitYieldSpin)}
 	mode := opts.Transport
 	if mode == "" {
 		mode = getenv("GORUN_TRANSPORT")

@@ -167,7 +167,7 @@ func (o *op) poll(r *recvReq) bool {
 	}
 	limit := awaitSpin
 	if ic != nil {
-		limit = awaitYieldSpin
+		limit = o.c.cfg.yieldSpin
 		ic.spin()
 		defer ic.unspin()
 	}

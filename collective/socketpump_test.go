@@ -579,7 +579,9 @@ func isTimeout(err error) bool {
 // Garbage read by an op spinning on the connection fails the receive at
 // once: the socket then stays silent, so the poller would never report it.
 func TestGarbageReadBySpinningOpFailsReceive(t *testing.T) {
-	comms := testWorld(t, 2, TCPOptions{Transport: "unix"})
+	// The op spins until the garbage comes, however late the test sees
+	// it spin on a busy machine.
+	comms := testWorld(t, 2, TCPOptions{Transport: "unix", yieldSpin: time.Minute})
 	tr := comms[1].(*comm).t
 	conn := impostor(t, comms[1], 2)
 	if !waitFor(5*time.Second, func() bool { return tr.incoming(0) != nil }) {
