@@ -97,14 +97,7 @@ func TestSteadyStateAllocatesNothing(t *testing.T) {
 					for range 5 {
 						run() // connections, pools and buffers warm up
 					}
-					// The fewest of a few measurements: the counts are the
-					// process's, and goroutines that earlier tests left
-					// winding down may allocate during one; a collective that
-					// allocates does so in every one.
-					allocs := testing.AllocsPerRun(20, run)
-					for range 2 {
-						allocs = min(allocs, testing.AllocsPerRun(20, run))
-					}
+					allocs := fewestAllocs(run)
 					if err != nil {
 						t.Fatal(err)
 					}

@@ -39,15 +39,7 @@ func BenchmarkAllReduce(b *testing.B) {
 						return c.AllReduce(ctx, bufs[r], Float32, Sum)
 					}))
 				}
-				run() // connect
-				b.SetBytes(int64(s.bytes))
-				b.ResetTimer()
-				start := time.Now()
-				for b.Loop() {
-					run()
-				}
-				per := time.Since(start) / time.Duration(b.N)
-				b.ReportMetric(busBandwidth(s.bytes, n, per), "busbw-GB/s")
+				timeAllReduce(b, s.bytes, n, run)
 			})
 		}
 	}
@@ -112,4 +104,19 @@ func BenchmarkCombine(b *testing.B) {
 			})
 		}
 	}
+}
+
+// timeAllReduce runs run once, which connects the ranks, then times it as
+// b's loop and reports the bus bandwidth of an all_reduce of size bytes on
+// n ranks.
+func timeAllReduce(b *testing.B, size, n int, run func()) {
+	run()
+	b.SetBytes(int64(size))
+	b.ResetTimer()
+	start := time.Now()
+	for b.Loop() {
+		run()
+	}
+	per := time.Since(start) / time.Duration(b.N)
+	b.ReportMetric(busBandwidth(size, n, per), "busbw-GB/s")
 }

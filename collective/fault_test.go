@@ -8,7 +8,6 @@ import (
 	"net"
 	"runtime"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 )
@@ -184,38 +183,7 @@ func TestPeerDeathFailsAtOnce(t *testing.T) {
 	mustAll(t, "warm-up", onAll(comms, func(_ int, c Comm) error {
 		return c.AllReduce(ctx, make([]byte, 1024), Float32, Sum)
 	}))
-	var killed time.Time
-	var once sync.Once
-	errs := onAll(comms, func(r int, c Comm) error {
-		buf := make([]byte, size)
-		for i := 0; ; i++ {
-			if r == victim && i == 2 {
-				once.Do(func() { killed = time.Now() })
-				c.(*comm).t.close() // no goodbye: sockets just close
-				return nil
-			}
-			if err := c.AllReduce(ctx, buf, Float32, Sum); err != nil {
-				return err
-			}
-			if i > 1000 {
-				return errors.New("never failed")
-			}
-		}
-	})
-	took := time.Since(killed)
-	for r, err := range errs {
-		if r == victim {
-			continue
-		}
-		var pe *PeerError
-		if !errors.As(err, &pe) || pe.Rank != victim {
-			t.Errorf("rank %d: %v, want a PeerError naming rank %d", r, err, victim)
-		}
-		t.Logf("rank %d: %v", r, err)
-	}
-	if took > 5*time.Second {
-		t.Errorf("the others failed %v after the death", took)
-	}
+	closeDuringAllReduce(t, ctx, comms, victim, size)
 	// Later calls fail fast.
 	for r, c := range comms {
 		if r == victim {

@@ -168,3 +168,54 @@ func errorsIsMismatch(err error) bool { return errors.Is(err, ErrMismatch) }
 func countSpans(counts []int, size int) []span {
 	return fillCountSpans(make([]span, len(counts)), counts, size)
 }
+
+// closeDuringAllReduce has every rank run all_reduces of size bytes until
+// victim's transport closes at its third (no goodbye: its sockets just
+// close, as when its process dies), and checks that every other rank
+// failed within 5 s with a PeerError naming victim.
+func closeDuringAllReduce(t *testing.T, ctx context.Context, comms []Comm, victim, size int) {
+	t.Helper()
+	var killed time.Time
+	var once sync.Once
+	errs := onAll(comms, func(r int, c Comm) error {
+		buf := make([]byte, size)
+		for i := 0; ; i++ {
+			if r == victim && i == 2 {
+				once.Do(func() { killed = time.Now() })
+				c.(*comm).t.close()
+				return nil
+			}
+			if err := c.AllReduce(ctx, buf, Float32, Sum); err != nil {
+				return err
+			}
+			if i > 1000 {
+				return errors.New("never failed")
+			}
+		}
+	})
+	if took := time.Since(killed); took > 5*time.Second {
+		t.Errorf("the others failed %v after the death", took)
+	}
+	for r, err := range errs {
+		if r == victim {
+			continue
+		}
+		t.Logf("rank %d: %v", r, err)
+		var pe *PeerError
+		if !errors.As(err, &pe) || pe.Rank != victim {
+			t.Errorf("rank %d: %v, want a PeerError naming rank %d", r, err, victim)
+		}
+	}
+}
+
+// fewestAllocs is the fewest allocations per call of run over a few
+// measurements: the counts are the process's, and goroutines that earlier
+// tests left winding down may allocate during one; a collective that
+// allocates does so in every one.
+func fewestAllocs(run func()) float64 {
+	allocs := testing.AllocsPerRun(20, run)
+	for range 2 {
+		allocs = min(allocs, testing.AllocsPerRun(20, run))
+	}
+	return allocs
+}

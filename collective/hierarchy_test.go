@@ -5,7 +5,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"sync"
 	"testing"
 	"time"
 )
@@ -215,38 +214,7 @@ func TestHierarchicalPeerDeath(t *testing.T) {
 	for _, victim := range []int{3, 2, 1} {
 		t.Run(fmt.Sprintf("rank %d", victim), func(t *testing.T) {
 			comms := hostsWorld(t, []int{0, 0, 1, 1}, TCPOptions{algo: "hier"})
-			ctx := testContext(t, 60*time.Second)
-			var killed time.Time
-			var once sync.Once
-			errs := onAll(comms, func(r int, c Comm) error {
-				buf := make([]byte, 4<<20)
-				for i := 0; ; i++ {
-					if r == victim && i == 2 {
-						once.Do(func() { killed = time.Now() })
-						c.(*comm).t.close() // no goodbye: sockets just close
-						return nil
-					}
-					if err := c.AllReduce(ctx, buf, Float32, Sum); err != nil {
-						return err
-					}
-					if i > 1000 {
-						return errors.New("never failed")
-					}
-				}
-			})
-			if took := time.Since(killed); took > 5*time.Second {
-				t.Errorf("the others failed %v after the death", took)
-			}
-			for r, err := range errs {
-				if r == victim {
-					continue
-				}
-				t.Logf("rank %d: %v", r, err)
-				var pe *PeerError
-				if !errors.As(err, &pe) || pe.Rank != victim {
-					t.Errorf("rank %d: %v, want a PeerError naming rank %d", r, err, victim)
-				}
-			}
+			closeDuringAllReduce(t, testContext(t, 60*time.Second), comms, victim, 4<<20)
 		})
 	}
 }
@@ -282,10 +250,7 @@ func TestHierarchicalAllocatesNothing(t *testing.T) {
 				for range 5 {
 					run()
 				}
-				allocs := testing.AllocsPerRun(20, run)
-				for range 2 {
-					allocs = min(allocs, testing.AllocsPerRun(20, run))
-				}
+				allocs := fewestAllocs(run)
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -315,15 +280,7 @@ func BenchmarkHierarchicalAllReduce(b *testing.B) {
 						return c.AllReduce(ctx, bufs[r], Float32, Sum)
 					}))
 				}
-				run()
-				b.SetBytes(int64(s.bytes))
-				b.ResetTimer()
-				start := time.Now()
-				for b.Loop() {
-					run()
-				}
-				per := time.Since(start) / time.Duration(b.N)
-				b.ReportMetric(busBandwidth(s.bytes, len(comms), per), "busbw-GB/s")
+				timeAllReduce(b, s.bytes, len(comms), run)
 			})
 		}
 	}
