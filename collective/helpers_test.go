@@ -9,7 +9,6 @@ import (
 	"sync"
 	"testing"
 	"time"
-	"unsafe"
 
 	"github.com/gorun/gorun/rendezvous"
 )
@@ -155,11 +154,6 @@ func firstDiff(a, b []byte) string {
 		}
 	}
 	return "equal"
-}
-
-func unsafeBytes[T any](s []T) []byte {
-	var zero T
-	return unsafe.Slice((*byte)(unsafe.Pointer(unsafe.SliceData(s))), len(s)*int(unsafe.Sizeof(zero)))
 }
 
 func errorsIsMismatch(err error) bool { return errors.Is(err, ErrMismatch) }

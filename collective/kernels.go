@@ -147,6 +147,12 @@ func view[T any](b []byte) []T {
 	return unsafe.Slice((*T)(unsafe.Pointer(unsafe.SliceData(b))), n)
 }
 
+// unsafeBytes is view's inverse: s's memory as bytes.
+func unsafeBytes[T any](s []T) []byte {
+	var zero T
+	return unsafe.Slice((*byte)(unsafe.Pointer(unsafe.SliceData(s))), len(s)*int(unsafe.Sizeof(zero)))
+}
+
 type integer interface {
 	~int8 | ~uint8 | ~int32 | ~int64
 }
@@ -206,7 +212,9 @@ func combineHalf(d, a, b []uint16, op Op, dt DType) {
 			widenFloat16(fa, a[:n])
 			widenFloat16(fb, b[:n])
 		}
-		combineFloat(fa, fa, fb, op)
+		ba := unsafeBytes(fa)
+		done := combineFloat32Vector(ba, ba, unsafeBytes(fb), op) / 4
+		combineFloat(fa[done:], fa[done:], fb[done:], op)
 		if dt == BFloat16 {
 			narrowBFloat16(d[:n], fa)
 		} else {

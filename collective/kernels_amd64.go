@@ -4,12 +4,13 @@ package collective
 
 import "golang.org/x/sys/cpu"
 
-// The vector kernels: AVX2 loops (kernels_amd64.s) for the sums, products,
-// integer extremes and bitwise operators that have one instruction per
-// vector; the float extremes, with their NaN and signed-zero rules, and
-// the operations AVX2 lacks (64-bit products and extremes, 8-bit
-// products) stay scalar. They reduce at the speed the caches deliver
-// data, several times the scalar loops'.
+// The vector kernels: AVX2 loops (kernels_amd64.s) for the sums,
+// products, extremes and bitwise operators. The float extremes keep
+// their NaN and signed-zero rules in a few instructions more, and the
+// 64-bit integer extremes compare and blend; 64-bit and 8-bit products,
+// which AVX2 has no instruction for, stay scalar. They reduce at the
+// speed the caches deliver data, several times the scalar loops' (float32
+// max: 18 GB/s against 1 GB/s on 512 KiB, BenchmarkCombine).
 
 // vectorBlock is the bytes one iteration of a vector kernel takes.
 const vectorBlock = 128
@@ -85,6 +86,42 @@ func orBytesAVX2(dst, a, b *byte, n int)
 func xorBytesAVX2(dst, a, b *byte, n int)
 
 //go:noescape
+func maxFloat32AVX2(dst, a, b *byte, n int)
+
+//go:noescape
+func minFloat32AVX2(dst, a, b *byte, n int)
+
+//go:noescape
+func maxFloat64AVX2(dst, a, b *byte, n int)
+
+//go:noescape
+func minFloat64AVX2(dst, a, b *byte, n int)
+
+//go:noescape
+func maxInt64AVX2(dst, a, b *byte, n int)
+
+//go:noescape
+func minInt64AVX2(dst, a, b *byte, n int)
+
+//go:noescape
+func maxFloat32ManyAVX2(dst, dst2 *byte, srcs **byte, nsrc, n int)
+
+//go:noescape
+func minFloat32ManyAVX2(dst, dst2 *byte, srcs **byte, nsrc, n int)
+
+//go:noescape
+func maxFloat64ManyAVX2(dst, dst2 *byte, srcs **byte, nsrc, n int)
+
+//go:noescape
+func minFloat64ManyAVX2(dst, dst2 *byte, srcs **byte, nsrc, n int)
+
+//go:noescape
+func maxInt64ManyAVX2(dst, dst2 *byte, srcs **byte, nsrc, n int)
+
+//go:noescape
+func minInt64ManyAVX2(dst, dst2 *byte, srcs **byte, nsrc, n int)
+
+//go:noescape
 func addFloat32ManyAVX2(dst, dst2 *byte, srcs **byte, nsrc, n int)
 
 //go:noescape
@@ -155,6 +192,10 @@ func vectorKernel(dt DType, op Op) func(dst, a, b *byte, n int) {
 			return addFloat32AVX2
 		case Product:
 			return mulFloat32AVX2
+		case Max:
+			return maxFloat32AVX2
+		case Min:
+			return minFloat32AVX2
 		}
 	case Float64:
 		switch op {
@@ -162,6 +203,10 @@ func vectorKernel(dt DType, op Op) func(dst, a, b *byte, n int) {
 			return addFloat64AVX2
 		case Product:
 			return mulFloat64AVX2
+		case Max:
+			return maxFloat64AVX2
+		case Min:
+			return minFloat64AVX2
 		}
 	case Int8:
 		switch op {
@@ -193,8 +238,13 @@ func vectorKernel(dt DType, op Op) func(dst, a, b *byte, n int) {
 			return minInt32AVX2
 		}
 	case Int64:
-		if op == Sum {
+		switch op {
+		case Sum:
 			return addInt64AVX2
+		case Max:
+			return maxInt64AVX2
+		case Min:
+			return minInt64AVX2
 		}
 	case BFloat16:
 		switch op {
@@ -230,8 +280,12 @@ const (
 	manyXorBytes
 	manyAddFloat32
 	manyMulFloat32
+	manyMaxFloat32
+	manyMinFloat32
 	manyAddFloat64
 	manyMulFloat64
+	manyMaxFloat64
+	manyMinFloat64
 	manyAddInt8
 	manyMaxInt8
 	manyMinInt8
@@ -242,6 +296,8 @@ const (
 	manyMaxInt32
 	manyMinInt32
 	manyAddInt64
+	manyMaxInt64
+	manyMinInt64
 )
 
 // vectorManyKernel returns the many-operand vector kernel of dt and op.
@@ -264,6 +320,10 @@ func vectorManyKernel(dt DType, op Op) manyKernel {
 			return manyAddFloat32
 		case Product:
 			return manyMulFloat32
+		case Max:
+			return manyMaxFloat32
+		case Min:
+			return manyMinFloat32
 		}
 	case Float64:
 		switch op {
@@ -271,6 +331,10 @@ func vectorManyKernel(dt DType, op Op) manyKernel {
 			return manyAddFloat64
 		case Product:
 			return manyMulFloat64
+		case Max:
+			return manyMaxFloat64
+		case Min:
+			return manyMinFloat64
 		}
 	case Int8:
 		switch op {
@@ -302,8 +366,13 @@ func vectorManyKernel(dt DType, op Op) manyKernel {
 			return manyMinInt32
 		}
 	case Int64:
-		if op == Sum {
+		switch op {
+		case Sum:
 			return manyAddInt64
+		case Max:
+			return manyMaxInt64
+		case Min:
+			return manyMinInt64
 		}
 	}
 	return noManyKernel
@@ -322,6 +391,29 @@ func combineVector(dst, a, b []byte, dt DType, op Op) int {
 		return 0
 	}
 	k(&dst[0], &a[0], &b[0], n)
+	return n
+}
+
+// combineFloat32Vector is combineVector for float32s, calling the kernels
+// directly: through a function value its operands would escape to the
+// heap, and combineHalf's are arrays on its stack.
+func combineFloat32Vector(dst, a, b []byte, op Op) int {
+	n := len(dst) &^ (vectorBlock - 1)
+	if n == 0 || !haveAVX2 {
+		return 0
+	}
+	switch op {
+	case Sum, Avg:
+		addFloat32AVX2(&dst[0], &a[0], &b[0], n)
+	case Product:
+		mulFloat32AVX2(&dst[0], &a[0], &b[0], n)
+	case Max:
+		maxFloat32AVX2(&dst[0], &a[0], &b[0], n)
+	case Min:
+		minFloat32AVX2(&dst[0], &a[0], &b[0], n)
+	default:
+		return 0
+	}
 	return n
 }
 
@@ -381,6 +473,18 @@ func reduceManyVector(dst, dst2 []byte, srcs [][]byte, dt DType, op Op) int {
 		minInt32ManyAVX2(&dst[0], second, &ptrs[0], len(srcs), n)
 	case manyAddInt64:
 		addInt64ManyAVX2(&dst[0], second, &ptrs[0], len(srcs), n)
+	case manyMaxFloat32:
+		maxFloat32ManyAVX2(&dst[0], second, &ptrs[0], len(srcs), n)
+	case manyMinFloat32:
+		minFloat32ManyAVX2(&dst[0], second, &ptrs[0], len(srcs), n)
+	case manyMaxFloat64:
+		maxFloat64ManyAVX2(&dst[0], second, &ptrs[0], len(srcs), n)
+	case manyMinFloat64:
+		minFloat64ManyAVX2(&dst[0], second, &ptrs[0], len(srcs), n)
+	case manyMaxInt64:
+		maxInt64ManyAVX2(&dst[0], second, &ptrs[0], len(srcs), n)
+	case manyMinInt64:
+		minInt64ManyAVX2(&dst[0], second, &ptrs[0], len(srcs), n)
 	}
 	return n
 }

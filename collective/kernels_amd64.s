@@ -75,6 +75,118 @@
 	VZEROUPPER; \
 	done: RET
 
+// The extremes that take more than one instruction: float max and min
+// with torch's rules (kernels.go), and 64-bit integer max and min, which
+// AVX2 has no instruction for. A STEP macro sets acc = acc op y, vector
+// by vector, with scratch registers t1 and t2.
+
+// FMAX and FMIN: VMAXPS/VMINPS (EXT) keep acc where it wins and take y
+// otherwise, y also where either is NaN or both are equal. So where acc
+// is NaN it is put back (a NaN propagates, the first operand's payload
+// when both are), and where the operands are equal their bits are joined
+// (AND for max, OR for min), which picks +0, or -0, between zeros of
+// both signs and changes nothing between equal values. CMP is the
+// matching compare (predicate 3: unordered, 0: equal), BLEND the blend.
+#define FEXTREME(EXT, CMP, BLEND, JOIN, acc, y, t1, t2) \
+	EXT   y, acc, t1; \
+	CMP   $3, acc, acc, t2; \
+	BLEND t2, acc, t1, t1; \
+	CMP   $0, y, acc, t2; \
+	JOIN  y, acc, y; \
+	BLEND t2, y, t1, acc
+
+#define MAXPS(acc, y, t1, t2) FEXTREME(VMAXPS, VCMPPS, VBLENDVPS, VANDPS, acc, y, t1, t2)
+#define MINPS(acc, y, t1, t2) FEXTREME(VMINPS, VCMPPS, VBLENDVPS, VORPS, acc, y, t1, t2)
+#define MAXPD(acc, y, t1, t2) FEXTREME(VMAXPD, VCMPPD, VBLENDVPD, VANDPD, acc, y, t1, t2)
+#define MINPD(acc, y, t1, t2) FEXTREME(VMINPD, VCMPPD, VBLENDVPD, VORPD, acc, y, t1, t2)
+
+// MAXQ and MINQ: signed 64-bit lanes, acc where acc wins, else y.
+#define MAXQ(acc, y, t1, t2) \
+	VPCMPGTQ  y, acc, t1; \
+	VPBLENDVB t1, acc, y, acc
+
+#define MINQ(acc, y, t1, t2) \
+	VPCMPGTQ  acc, y, t1; \
+	VPBLENDVB t1, acc, y, acc
+
+// PAIRWISE_STEP is PAIRWISE for a STEP macro: dst = a op b over n bytes,
+// n a multiple of 128, four vectors per iteration.
+#define PAIRWISE_STEP(STEP) \
+	MOVQ dst+0(FP), DI; \
+	MOVQ a+8(FP), SI; \
+	MOVQ b+16(FP), DX; \
+	MOVQ n+24(FP), CX; \
+	SHRQ $7, CX; \
+	JZ   done; \
+	loop: VMOVDQU 0(SI), Y0; \
+	VMOVDQU 32(SI), Y1; \
+	VMOVDQU 64(SI), Y2; \
+	VMOVDQU 96(SI), Y3; \
+	VMOVDQU 0(DX), Y4; \
+	VMOVDQU 32(DX), Y5; \
+	VMOVDQU 64(DX), Y6; \
+	VMOVDQU 96(DX), Y7; \
+	STEP(Y0, Y4, Y8, Y9); \
+	STEP(Y1, Y5, Y10, Y11); \
+	STEP(Y2, Y6, Y12, Y13); \
+	STEP(Y3, Y7, Y14, Y15); \
+	VMOVDQU Y0, 0(DI); \
+	VMOVDQU Y1, 32(DI); \
+	VMOVDQU Y2, 64(DI); \
+	VMOVDQU Y3, 96(DI); \
+	ADDQ $128, SI; \
+	ADDQ $128, DX; \
+	ADDQ $128, DI; \
+	DECQ CX; \
+	JNZ  loop; \
+	VZEROUPPER; \
+	done: RET
+
+// MANY_STEP is MANY for a STEP macro.
+#define MANY_STEP(STEP) \
+	MOVQ dst+0(FP), DI; \
+	MOVQ dst2+8(FP), BX; \
+	MOVQ srcs+16(FP), SI; \
+	MOVQ nsrc+24(FP), CX; \
+	MOVQ n+32(FP), DX; \
+	XORQ R8, R8; \
+	TESTQ DX, DX; \
+	JZ   done; \
+	block: MOVQ 0(SI), R9; \
+	VMOVDQU 0(R9)(R8*1), Y0; \
+	VMOVDQU 32(R9)(R8*1), Y1; \
+	VMOVDQU 64(R9)(R8*1), Y2; \
+	VMOVDQU 96(R9)(R8*1), Y3; \
+	MOVQ $1, R10; \
+	operand: CMPQ R10, CX; \
+	JEQ  store; \
+	MOVQ 0(SI)(R10*8), R9; \
+	VMOVDQU 0(R9)(R8*1), Y4; \
+	VMOVDQU 32(R9)(R8*1), Y5; \
+	VMOVDQU 64(R9)(R8*1), Y6; \
+	VMOVDQU 96(R9)(R8*1), Y7; \
+	STEP(Y0, Y4, Y8, Y9); \
+	STEP(Y1, Y5, Y10, Y11); \
+	STEP(Y2, Y6, Y12, Y13); \
+	STEP(Y3, Y7, Y14, Y15); \
+	INCQ R10; \
+	JMP  operand; \
+	store: VMOVDQU Y0, 0(DI)(R8*1); \
+	VMOVDQU Y1, 32(DI)(R8*1); \
+	VMOVDQU Y2, 64(DI)(R8*1); \
+	VMOVDQU Y3, 96(DI)(R8*1); \
+	TESTQ BX, BX; \
+	JZ   next; \
+	VMOVDQU Y0, 0(BX)(R8*1); \
+	VMOVDQU Y1, 32(BX)(R8*1); \
+	VMOVDQU Y2, 64(BX)(R8*1); \
+	VMOVDQU Y3, 96(BX)(R8*1); \
+	next: ADDQ $128, R8; \
+	CMPQ R8, DX; \
+	JNE  block; \
+	VZEROUPPER; \
+	done: RET
+
 // The AVX2 kernels of kernels_amd64.go, one loop each: dst = a op b over
 // n bytes, n a multiple of 128, four 32-byte vectors per iteration. a is
 // the first source operand, so a NaN result carries a's payload when both
@@ -221,6 +333,54 @@ TEXT ·orBytesManyAVX2(SB), NOSPLIT, $0-40
 // func xorBytesManyAVX2(dst, dst2 *byte, srcs **byte, nsrc, n int)
 TEXT ·xorBytesManyAVX2(SB), NOSPLIT, $0-40
 	MANY(VPXOR)
+
+// func maxFloat32AVX2(dst, a, b *byte, n int)
+TEXT ·maxFloat32AVX2(SB), NOSPLIT, $0-32
+	PAIRWISE_STEP(MAXPS)
+
+// func minFloat32AVX2(dst, a, b *byte, n int)
+TEXT ·minFloat32AVX2(SB), NOSPLIT, $0-32
+	PAIRWISE_STEP(MINPS)
+
+// func maxFloat64AVX2(dst, a, b *byte, n int)
+TEXT ·maxFloat64AVX2(SB), NOSPLIT, $0-32
+	PAIRWISE_STEP(MAXPD)
+
+// func minFloat64AVX2(dst, a, b *byte, n int)
+TEXT ·minFloat64AVX2(SB), NOSPLIT, $0-32
+	PAIRWISE_STEP(MINPD)
+
+// func maxInt64AVX2(dst, a, b *byte, n int)
+TEXT ·maxInt64AVX2(SB), NOSPLIT, $0-32
+	PAIRWISE_STEP(MAXQ)
+
+// func minInt64AVX2(dst, a, b *byte, n int)
+TEXT ·minInt64AVX2(SB), NOSPLIT, $0-32
+	PAIRWISE_STEP(MINQ)
+
+// func maxFloat32ManyAVX2(dst, dst2 *byte, srcs **byte, nsrc, n int)
+TEXT ·maxFloat32ManyAVX2(SB), NOSPLIT, $0-40
+	MANY_STEP(MAXPS)
+
+// func minFloat32ManyAVX2(dst, dst2 *byte, srcs **byte, nsrc, n int)
+TEXT ·minFloat32ManyAVX2(SB), NOSPLIT, $0-40
+	MANY_STEP(MINPS)
+
+// func maxFloat64ManyAVX2(dst, dst2 *byte, srcs **byte, nsrc, n int)
+TEXT ·maxFloat64ManyAVX2(SB), NOSPLIT, $0-40
+	MANY_STEP(MAXPD)
+
+// func minFloat64ManyAVX2(dst, dst2 *byte, srcs **byte, nsrc, n int)
+TEXT ·minFloat64ManyAVX2(SB), NOSPLIT, $0-40
+	MANY_STEP(MINPD)
+
+// func maxInt64ManyAVX2(dst, dst2 *byte, srcs **byte, nsrc, n int)
+TEXT ·maxInt64ManyAVX2(SB), NOSPLIT, $0-40
+	MANY_STEP(MAXQ)
+
+// func minInt64ManyAVX2(dst, dst2 *byte, srcs **byte, nsrc, n int)
+TEXT ·minInt64ManyAVX2(SB), NOSPLIT, $0-40
+	MANY_STEP(MINQ)
 
 // The half-precision kernels: dst = narrow(widen(a) op widen(b)) over n
 // bytes (a multiple of 32), 16 elements per iteration, exactly as the

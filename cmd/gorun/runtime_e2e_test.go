@@ -32,6 +32,36 @@ func TestCollectivesAcrossProcesses(t *testing.T) {
 	}
 }
 
+// Every reduction (-op) of the reducing collectives, checked on every rank
+// of an odd world, whose float sums do not divide evenly for avg.
+func TestReductionsAcrossProcesses(t *testing.T) {
+	row := regexp.MustCompile(`(?m)^\[rank0\]:\s+(\d+)\s+\d+\s+\S+\s+(\S+)\s+-1\s+[\d.]+\s+[\d.]+\s+[\d.]+\s+(\d+)$`)
+	for _, coll := range []string{"allreduce", "reduce_scatter"} {
+		for _, red := range []string{"prod", "max", "min", "avg"} {
+			for _, dtype := range []string{"float32", "float64", "bfloat16", "int64"} {
+				if red == "avg" && dtype == "int64" {
+					continue
+				}
+				j := gorun(t, nil, "--nproc-per-node", "3", "--local-ranks-filter", "0", bin("allreduce-perf"),
+					"-b", "4", "-e", "300K", "-f", "9", "-o", coll, "-op", red, "-d", dtype, "-w", "1", "-n", "2")
+				rows := row.FindAllStringSubmatch(j.stdout, -1)
+				if j.code != 0 || len(rows) != 6 {
+					t.Fatalf("%s -op %s -d %s: want 6 checked sizes:\n%s", coll, red, dtype, j)
+				}
+				for _, r := range rows {
+					if r[2] != red || r[3] != "0" {
+						t.Errorf("%s -op %s -d %s size %s: redop column %q, %s wrong values", coll, red, dtype, r[1], r[2], r[3])
+					}
+				}
+			}
+		}
+	}
+	j := gorun(t, nil, "--nproc-per-node", "1", bin("allreduce-perf"), "-op", "avg", "-d", "int32", "-b", "8", "-e", "8")
+	if j.code != 1 || !strings.Contains(j.stderr, "-op avg needs a floating-point -d, not int32") {
+		t.Fatalf("-op avg -d int32: want a clear refusal:\n%s", j)
+	}
+}
+
 // --backend reaches Go workers: tcp always runs; nccl, which cannot run two
 // ranks here (no GPU, or one shared), fails Init saying why, on every rank.
 func TestBackendFlag(t *testing.T) {

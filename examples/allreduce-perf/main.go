@@ -9,6 +9,9 @@
 // launch can give 8 bytes many iterations and 64 MiB a few:
 //
 //	allreduce-perf -sizes 8,1M,64M -w 20,3,2 -n 500,50,5
+//
+// -op picks the reduction of allreduce and reduce_scatter, as nccl-tests'
+// --op does: sum, prod, max, min or avg.
 package main
 
 import (
@@ -28,20 +31,66 @@ import (
 // collective is one benchmarked operation: how its buffers are laid out,
 // how its bus bandwidth is derived, and what every rank must hold after it.
 type collective struct {
-	name string
+	// reduces says the collective takes a reduction (-op); its redop column
+	// then names it, and want is the reduction of every rank's input.
+	reduces bool
 	// busFactor turns algorithm bandwidth into bus bandwidth (nccl-tests'
 	// formulas, n ranks).
 	busFactor func(n float64) float64
 	// run runs it once on buffers prepared by setup.
-	run func(ctx context.Context, pg *dist.ProcessGroup, b *buffers) error
+	run func(ctx context.Context, pg *dist.ProcessGroup, b *buffers, op dist.ReduceOp) error
 	// inCount and outCount are the element counts per rank, for a total
 	// of count elements (the size column).
 	inCount, outCount func(count, n int) int
 	// perRank collectives split count evenly over the ranks.
 	perRank bool
 	// input is the value of input element i on rank r; want is the value of
-	// output element i on rank r after the operation.
-	input, want func(r, n, i, count int) float64
+	// output element i on rank r after the operation, for a collective that
+	// does not reduce. One that does names, with at, the input element that
+	// output element i of rank r reduces over the ranks.
+	input func(r, n, i, count int) float64
+	want  func(r, n, i, count int) float64
+	at    func(r, n, i, count int) int
+}
+
+// reduction is a -op: the operator, the inputs it is checked on (small
+// integers, whose reductions over up to 8 ranks every dtype holds
+// exactly), and how the expected output folds them.
+type reduction struct {
+	op    dist.ReduceOp
+	input func(v float64) float64 // v: pattern's value, 1 to 7
+	fold  func(acc, v float64) float64
+	avg   bool // divide the fold by the number of ranks
+}
+
+var reductions = map[string]reduction{
+	"sum": {op: dist.Sum, fold: func(acc, v float64) float64 { return acc + v }},
+	// 2 where the pattern gives 7, which at most two of 8 ranks hold.
+	"prod": {op: dist.Product, input: func(v float64) float64 { return 1 + float64(int(v)/7) }, fold: func(acc, v float64) float64 { return acc * v }},
+	"max":  {op: dist.Max, fold: math.Max},
+	"min":  {op: dist.Min, fold: math.Min},
+	"avg":  {op: dist.Avg, fold: func(acc, v float64) float64 { return acc + v }, avg: true},
+}
+
+// value is what rank r holds at input element i under red.
+func (red reduction) value(r, i int) float64 {
+	v := pattern(r, i)
+	if red.input != nil {
+		v = red.input(v)
+	}
+	return v
+}
+
+// reduced is the reduction over n ranks of input element i.
+func (red reduction) reduced(n, i int) float64 {
+	acc := red.value(0, i)
+	for s := 1; s < n; s++ {
+		acc = red.fold(acc, red.value(s, i))
+	}
+	if red.avg {
+		acc /= float64(n)
+	}
+	return acc
 }
 
 // buffers are one rank's input and output, in host or device memory.
@@ -82,26 +131,18 @@ func pattern(r, i int) float64 { return float64((r+i)%7 + 1) }
 
 var collectives = map[string]collective{
 	"allreduce": {
-		name:      "sum",
+		reduces:   true,
 		busFactor: func(n float64) float64 { return 2 * (n - 1) / n },
-		run: func(ctx context.Context, pg *dist.ProcessGroup, b *buffers) error {
-			return pg.AllReduce(ctx, b.in, dist.Sum)
+		run: func(ctx context.Context, pg *dist.ProcessGroup, b *buffers, op dist.ReduceOp) error {
+			return pg.AllReduce(ctx, b.in, op)
 		},
 		inCount:  func(count, n int) int { return count },
 		outCount: func(count, n int) int { return 0 },
-		input:    func(r, n, i, count int) float64 { return pattern(r, i) },
-		want: func(r, n, i, count int) float64 {
-			sum := 0.0
-			for s := 0; s < n; s++ {
-				sum += pattern(s, i)
-			}
-			return sum
-		},
+		at:       func(r, n, i, count int) int { return i },
 	},
 	"broadcast": {
-		name:      "none",
 		busFactor: func(n float64) float64 { return 1 },
-		run: func(ctx context.Context, pg *dist.ProcessGroup, b *buffers) error {
+		run: func(ctx context.Context, pg *dist.ProcessGroup, b *buffers, _ dist.ReduceOp) error {
 			return pg.Broadcast(ctx, b.in, 0)
 		},
 		inCount:  func(count, n int) int { return count },
@@ -111,9 +152,8 @@ var collectives = map[string]collective{
 	},
 	"allgather": {
 		perRank:   true,
-		name:      "none",
 		busFactor: func(n float64) float64 { return (n - 1) / n },
-		run: func(ctx context.Context, pg *dist.ProcessGroup, b *buffers) error {
+		run: func(ctx context.Context, pg *dist.ProcessGroup, b *buffers, _ dist.ReduceOp) error {
 			return pg.AllGatherInto(ctx, b.out, b.in)
 		},
 		inCount:  func(count, n int) int { return count / n },
@@ -126,27 +166,19 @@ var collectives = map[string]collective{
 	},
 	"reduce_scatter": {
 		perRank:   true,
-		name:      "sum",
+		reduces:   true,
 		busFactor: func(n float64) float64 { return (n - 1) / n },
-		run: func(ctx context.Context, pg *dist.ProcessGroup, b *buffers) error {
-			return pg.ReduceScatterFrom(ctx, b.out, b.in, dist.Sum)
+		run: func(ctx context.Context, pg *dist.ProcessGroup, b *buffers, op dist.ReduceOp) error {
+			return pg.ReduceScatterFrom(ctx, b.out, b.in, op)
 		},
 		inCount:  func(count, n int) int { return count / n * n },
 		outCount: func(count, n int) int { return count / n },
-		input:    func(r, n, i, count int) float64 { return pattern(r, i) },
-		want: func(r, n, i, count int) float64 {
-			sum := 0.0
-			for s := 0; s < n; s++ {
-				sum += pattern(s, r*(count/n)+i)
-			}
-			return sum
-		},
+		at:       func(r, n, i, count int) int { return r*(count/n) + i },
 	},
 	"alltoall": {
 		perRank:   true,
-		name:      "none",
 		busFactor: func(n float64) float64 { return (n - 1) / n },
-		run: func(ctx context.Context, pg *dist.ProcessGroup, b *buffers) error {
+		run: func(ctx context.Context, pg *dist.ProcessGroup, b *buffers, _ dist.ReduceOp) error {
 			return pg.AllToAllSingle(ctx, b.out, b.in, nil, nil)
 		},
 		inCount:  func(count, n int) int { return count / n * n },
@@ -175,6 +207,7 @@ func run() error {
 	factor := flag.Int("f", 2, "multiplication factor between sizes")
 	sizeList := flag.String("sizes", "", "comma-separated sizes to run instead of -b, -e and -f, e.g. 8,64K,1M")
 	opName := flag.String("o", "allreduce", "collective: allreduce, broadcast, allgather, reduce_scatter, alltoall")
+	redName := flag.String("op", "sum", "reduction of allreduce and reduce_scatter: sum, prod, max, min, avg")
 	dtypeName := flag.String("d", "float32", "data type: int8, uint8, int32, int64, float16, bfloat16, float32, float64")
 	warmup := counts{5}
 	flag.Var(&warmup, "w", "warmup iterations: one count, or one per size of -sizes (default 5)")
@@ -195,6 +228,17 @@ func run() error {
 	dt, ok := dtypes[*dtypeName]
 	if !ok {
 		return fmt.Errorf("-d %q: unknown data type", *dtypeName)
+	}
+	red, ok := reductions[*redName]
+	if !ok {
+		return fmt.Errorf("-op %q: unknown reduction (want sum, prod, max, min or avg)", *redName)
+	}
+	if red.op == dist.Avg && !dt.IsFloat() {
+		return fmt.Errorf("-op avg needs a floating-point -d, not %s", *dtypeName)
+	}
+	redop := "none"
+	if op.reduces {
+		redop = *redName
 	}
 	plan, err := planSizes(*sizeList, *minBytes, *maxBytes, *factor)
 	if err != nil {
@@ -245,7 +289,7 @@ func run() error {
 			return err
 		}
 		for i := 0; i < warmup.at(si); i++ {
-			if err := op.run(ctx, pg, &b); err != nil {
+			if err := op.run(ctx, pg, &b, red.op); err != nil {
 				return err
 			}
 		}
@@ -254,7 +298,7 @@ func run() error {
 		}
 		start := time.Now()
 		for i := 0; i < iters.at(si); i++ {
-			if err := op.run(ctx, pg, &b); err != nil {
+			if err := op.run(ctx, pg, &b, red.op); err != nil {
 				return err
 			}
 		}
@@ -267,7 +311,7 @@ func run() error {
 
 		wrong := 0
 		if *check != 0 {
-			wrong, err = verify(ctx, pg, op, &b, count)
+			wrong, err = verify(ctx, pg, op, red, &b, count)
 		}
 		b.free()
 		if err != nil {
@@ -287,7 +331,7 @@ func run() error {
 				shown = count / n
 			}
 			fmt.Printf("  %10d  %12d  %8s  %6s  %6d  %8.1f  %6.2f  %6.2f  %6d\n",
-				count*dt.Size(), shown, *dtypeName, op.name, -1, slowest[0]*1e6, algbw, busbw, wrong)
+				count*dt.Size(), shown, *dtypeName, redop, -1, slowest[0]*1e6, algbw, busbw, wrong)
 		}
 	}
 	if r == 0 {
@@ -303,16 +347,20 @@ func run() error {
 // verify runs op once on freshly initialised buffers and counts, over all
 // ranks, the output elements that differ from the expected values. Device
 // buffers are filled from, and read back into, host copies.
-func verify(ctx context.Context, pg *dist.ProcessGroup, op collective, b *buffers, count int) (int, error) {
+func verify(ctx context.Context, pg *dist.ProcessGroup, op collective, red reduction, b *buffers, count int) (int, error) {
 	r, n := pg.Rank(), pg.Size()
 	in := newTensor(b.in.DType(), b.in.Len())
 	for i := 0; i < in.Len(); i++ {
-		set(in, i, op.input(r, n, i, count))
+		if op.reduces {
+			set(in, i, red.value(r, i))
+		} else {
+			set(in, i, op.input(r, n, i, count))
+		}
 	}
 	if err := dist.Copy(b.in, in); err != nil {
 		return 0, err
 	}
-	if err := op.run(ctx, pg, b); err != nil {
+	if err := op.run(ctx, pg, b, red.op); err != nil {
 		return 0, err
 	}
 	out := b.out
@@ -325,7 +373,13 @@ func verify(ctx context.Context, pg *dist.ProcessGroup, op collective, b *buffer
 	}
 	var wrong int64
 	for i := 0; i < result.Len(); i++ {
-		if get(result, i) != op.want(r, n, i, count) {
+		var want float64
+		if op.reduces {
+			want = roundTo(result, red.reduced(n, op.at(r, n, i, count)))
+		} else {
+			want = op.want(r, n, i, count)
+		}
+		if get(result, i) != want {
 			wrong++
 		}
 	}
@@ -358,6 +412,14 @@ func newTensor(dt dist.DType, n int) dist.Tensor {
 		return dist.Of(make([]float64, n))
 	}
 	return dist.Of(make([]float32, n))
+}
+
+// roundTo is v as an element of t's dtype holds it: an average of
+// integers is rounded once, as the collective's division rounds it.
+func roundTo(t dist.Tensor, v float64) float64 {
+	one := newTensor(t.DType(), 1)
+	set(one, 0, v)
+	return get(one, 0)
 }
 
 func set(t dist.Tensor, i int, v float64) {
