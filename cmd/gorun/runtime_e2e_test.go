@@ -62,6 +62,21 @@ func TestReductionsAcrossProcesses(t *testing.T) {
 	}
 }
 
+// allreduce-perf's buffers of 4 MiB and more live on huge pages it maps
+// itself; the collectives read and write them, across processes, as they
+// do the Go heap's.
+func TestHugePageBuffers(t *testing.T) {
+	row := regexp.MustCompile(`(?m)^\[rank0\]:\s+(\d+)\s+\d+\s+\S+\s+\S+\s+-1\s+[\d.]+\s+[\d.]+\s+[\d.]+\s+(\d+)$`)
+	for _, op := range []string{"allreduce", "allgather", "alltoall"} {
+		j := gorun(t, nil, "--nproc-per-node", "2", "--local-ranks-filter", "0", bin("allreduce-perf"),
+			"-sizes", "4M,6M", "-o", op, "-w", "1", "-n", "1")
+		rows := row.FindAllStringSubmatch(j.stdout, -1)
+		if j.code != 0 || len(rows) != 2 || rows[0][2] != "0" || rows[1][2] != "0" {
+			t.Fatalf("%s on huge pages: want 2 sizes checked, none wrong:\n%s", op, j)
+		}
+	}
+}
+
 // --backend reaches Go workers: tcp always runs; nccl, which cannot run two
 // ranks here (no GPU, or one shared), fails Init saying why, on every rank.
 func TestBackendFlag(t *testing.T) {
