@@ -488,39 +488,34 @@ func TestHalfVectorsMatchScalar(t *testing.T) {
 
 // TestExtremesKeepNaNPayloads: max and min return a NaN operand's bits,
 // the first's when both are NaN, in the vector blocks and the scalar tail
-// alike (300 elements: whole 128-byte blocks, then a tail).
+// alike.
 func TestExtremesKeepNaNPayloads(t *testing.T) {
-	const n = 300
 	const nan32a, nan32b, one32 = 0x7fc00001, 0xffc00002, 0x3f800000
 	const nan64a, nan64b, one64 = 0x7ff8000000000001, 0xfff8000000000002, 0x3ff0000000000000
 	for _, op := range []Op{Max, Min} {
-		for _, c := range []struct{ x, y, want uint32 }{{nan32a, nan32b, nan32a}, {one32, nan32b, nan32b}, {nan32a, one32, nan32a}} {
-			a, b := make([]uint32, n), make([]uint32, n)
-			for i := range a {
-				a[i], b[i] = c.x, c.y
-			}
-			if err := ReduceInto(bytesOf(a), bytesOf(b), Float32, op); err != nil {
-				t.Fatal(err)
-			}
-			for i, got := range a {
-				if got != c.want {
-					t.Fatalf("float32 %v(%#x, %#x) element %d = %#x, want %#x", op, c.x, c.y, i, got, c.want)
-				}
-			}
-		}
-		for _, c := range []struct{ x, y, want uint64 }{{nan64a, nan64b, nan64a}, {one64, nan64b, nan64b}, {nan64a, one64, nan64a}} {
-			a, b := make([]uint64, n), make([]uint64, n)
-			for i := range a {
-				a[i], b[i] = c.x, c.y
-			}
-			if err := ReduceInto(bytesOf(a), bytesOf(b), Float64, op); err != nil {
-				t.Fatal(err)
-			}
-			for i, got := range a {
-				if got != c.want {
-					t.Fatalf("float64 %v(%#x, %#x) element %d = %#x, want %#x", op, c.x, c.y, i, got, c.want)
-				}
-			}
+		checkExtremeBits[uint32](t, Float32, op, nan32a, nan32b, nan32a)
+		checkExtremeBits[uint32](t, Float32, op, one32, nan32b, nan32b)
+		checkExtremeBits[uint32](t, Float32, op, nan32a, one32, nan32a)
+		checkExtremeBits[uint64](t, Float64, op, nan64a, nan64b, nan64a)
+		checkExtremeBits[uint64](t, Float64, op, one64, nan64b, nan64b)
+		checkExtremeBits[uint64](t, Float64, op, nan64a, one64, nan64a)
+	}
+}
+
+// checkExtremeBits reduces 300 elements of bits x with 300 of bits y
+// (whole 128-byte blocks, then a tail) and wants bits want in each.
+func checkExtremeBits[T uint32 | uint64](t *testing.T, dt DType, op Op, x, y, want T) {
+	t.Helper()
+	a, b := make([]T, 300), make([]T, 300)
+	for i := range a {
+		a[i], b[i] = x, y
+	}
+	if err := ReduceInto(bytesOf(a), bytesOf(b), dt, op); err != nil {
+		t.Fatal(err)
+	}
+	for i, got := range a {
+		if got != want {
+			t.Fatalf("%v %v(%#x, %#x) element %d = %#x, want %#x", dt, op, x, y, i, got, want)
 		}
 	}
 }
