@@ -2,9 +2,53 @@
 
 #include "textflag.h"
 
+// A kernel is a loop (PAIRWISE, MANY) around a STEP macro that sets
+// acc = acc op m for one 32-byte vector m in memory, OP being the
+// instruction it builds on and y, t1, t2 scratch registers.
+
+// APPLY is the STEP of the operators that are one instruction, which
+// take their operand straight from memory.
+#define APPLY(OP, acc, m, y, t1, t2) OP m, acc, acc
+
+// The float extremes keep torch's rules (kernels.go) in a few
+// instructions more. OP (VMAXPS, VMINPS, VMAXPD, VMINPD) keeps acc where
+// it wins and takes y otherwise, y also where either is NaN or both are
+// equal. So where acc is NaN it is put back (a NaN propagates, the first
+// operand's payload when both are), and where the operands are equal
+// their bits are joined (JOIN: AND for max, OR for min), which picks +0,
+// or -0, between zeros of both signs and changes nothing between equal
+// values. CMP is the matching compare (predicate 3: unordered, 0: equal),
+// BLEND the blend.
+#define FEXTREME(OP, CMP, BLEND, JOIN, acc, m, y, t1, t2) \
+	VMOVDQU m, y; \
+	OP    y, acc, t1; \
+	CMP   $3, acc, acc, t2; \
+	BLEND t2, acc, t1, t1; \
+	CMP   $0, y, acc, t2; \
+	JOIN  y, acc, y; \
+	BLEND t2, y, t1, acc
+
+#define FMAXPS(OP, acc, m, y, t1, t2) FEXTREME(OP, VCMPPS, VBLENDVPS, VANDPS, acc, m, y, t1, t2)
+#define FMINPS(OP, acc, m, y, t1, t2) FEXTREME(OP, VCMPPS, VBLENDVPS, VORPS, acc, m, y, t1, t2)
+#define FMAXPD(OP, acc, m, y, t1, t2) FEXTREME(OP, VCMPPD, VBLENDVPD, VANDPD, acc, m, y, t1, t2)
+#define FMINPD(OP, acc, m, y, t1, t2) FEXTREME(OP, VCMPPD, VBLENDVPD, VORPD, acc, m, y, t1, t2)
+
+// MAXQ and MINQ are the signed 64-bit extremes, which AVX2 has no
+// instruction for: OP (VPCMPGTQ) compares, and the blend keeps acc where
+// it wins, else y.
+#define MAXQ(OP, acc, m, y, t1, t2) \
+	VMOVDQU   m, y; \
+	OP        y, acc, t1; \
+	VPBLENDVB t1, acc, y, acc
+
+#define MINQ(OP, acc, m, y, t1, t2) \
+	VMOVDQU   m, y; \
+	OP        acc, y, t1; \
+	VPBLENDVB t1, acc, y, acc
+
 // PAIRWISE is the body of a kernel dst = a op b: func(dst, a, b *byte,
-// n int), n a multiple of 128, four 32-byte vectors per iteration.
-#define PAIRWISE(OP) \
+// n int), n a multiple of 128, four vectors per iteration.
+#define PAIRWISE(STEP, OP) \
 	MOVQ dst+0(FP), DI; \
 	MOVQ a+8(FP), SI; \
 	MOVQ b+16(FP), DX; \
@@ -15,10 +59,10 @@
 	VMOVDQU 32(SI), Y1; \
 	VMOVDQU 64(SI), Y2; \
 	VMOVDQU 96(SI), Y3; \
-	OP 0(DX), Y0, Y0; \
-	OP 32(DX), Y1, Y1; \
-	OP 64(DX), Y2, Y2; \
-	OP 96(DX), Y3, Y3; \
+	STEP(OP, Y0, 0(DX), Y4, Y5, Y6); \
+	STEP(OP, Y1, 32(DX), Y7, Y8, Y9); \
+	STEP(OP, Y2, 64(DX), Y10, Y11, Y12); \
+	STEP(OP, Y3, 96(DX), Y13, Y14, Y15); \
 	VMOVDQU Y0, 0(DI); \
 	VMOVDQU Y1, 32(DI); \
 	VMOVDQU Y2, 64(DI); \
@@ -35,7 +79,7 @@
 // func(dst, dst2 *byte, srcs **byte, nsrc, n int), one pass over n bytes
 // (a multiple of 128) per block of four vectors; dst2 gets the result too
 // unless it is nil.
-#define MANY(OP) \
+#define MANY(STEP, OP) \
 	MOVQ dst+0(FP), DI; \
 	MOVQ dst2+8(FP), BX; \
 	MOVQ srcs+16(FP), SI; \
@@ -53,122 +97,10 @@
 	operand: CMPQ R10, CX; \
 	JEQ  store; \
 	MOVQ 0(SI)(R10*8), R9; \
-	OP 0(R9)(R8*1), Y0, Y0; \
-	OP 32(R9)(R8*1), Y1, Y1; \
-	OP 64(R9)(R8*1), Y2, Y2; \
-	OP 96(R9)(R8*1), Y3, Y3; \
-	INCQ R10; \
-	JMP  operand; \
-	store: VMOVDQU Y0, 0(DI)(R8*1); \
-	VMOVDQU Y1, 32(DI)(R8*1); \
-	VMOVDQU Y2, 64(DI)(R8*1); \
-	VMOVDQU Y3, 96(DI)(R8*1); \
-	TESTQ BX, BX; \
-	JZ   next; \
-	VMOVDQU Y0, 0(BX)(R8*1); \
-	VMOVDQU Y1, 32(BX)(R8*1); \
-	VMOVDQU Y2, 64(BX)(R8*1); \
-	VMOVDQU Y3, 96(BX)(R8*1); \
-	next: ADDQ $128, R8; \
-	CMPQ R8, DX; \
-	JNE  block; \
-	VZEROUPPER; \
-	done: RET
-
-// The extremes that take more than one instruction: float max and min
-// with torch's rules (kernels.go), and 64-bit integer max and min, which
-// AVX2 has no instruction for. A STEP macro sets acc = acc op y, vector
-// by vector, with scratch registers t1 and t2.
-
-// FMAX and FMIN: VMAXPS/VMINPS (EXT) keep acc where it wins and take y
-// otherwise, y also where either is NaN or both are equal. So where acc
-// is NaN it is put back (a NaN propagates, the first operand's payload
-// when both are), and where the operands are equal their bits are joined
-// (AND for max, OR for min), which picks +0, or -0, between zeros of
-// both signs and changes nothing between equal values. CMP is the
-// matching compare (predicate 3: unordered, 0: equal), BLEND the blend.
-#define FEXTREME(EXT, CMP, BLEND, JOIN, acc, y, t1, t2) \
-	EXT   y, acc, t1; \
-	CMP   $3, acc, acc, t2; \
-	BLEND t2, acc, t1, t1; \
-	CMP   $0, y, acc, t2; \
-	JOIN  y, acc, y; \
-	BLEND t2, y, t1, acc
-
-#define MAXPS(acc, y, t1, t2) FEXTREME(VMAXPS, VCMPPS, VBLENDVPS, VANDPS, acc, y, t1, t2)
-#define MINPS(acc, y, t1, t2) FEXTREME(VMINPS, VCMPPS, VBLENDVPS, VORPS, acc, y, t1, t2)
-#define MAXPD(acc, y, t1, t2) FEXTREME(VMAXPD, VCMPPD, VBLENDVPD, VANDPD, acc, y, t1, t2)
-#define MINPD(acc, y, t1, t2) FEXTREME(VMINPD, VCMPPD, VBLENDVPD, VORPD, acc, y, t1, t2)
-
-// MAXQ and MINQ: signed 64-bit lanes, acc where acc wins, else y.
-#define MAXQ(acc, y, t1, t2) \
-	VPCMPGTQ  y, acc, t1; \
-	VPBLENDVB t1, acc, y, acc
-
-#define MINQ(acc, y, t1, t2) \
-	VPCMPGTQ  acc, y, t1; \
-	VPBLENDVB t1, acc, y, acc
-
-// PAIRWISE_STEP is PAIRWISE for a STEP macro: dst = a op b over n bytes,
-// n a multiple of 128, four vectors per iteration.
-#define PAIRWISE_STEP(STEP) \
-	MOVQ dst+0(FP), DI; \
-	MOVQ a+8(FP), SI; \
-	MOVQ b+16(FP), DX; \
-	MOVQ n+24(FP), CX; \
-	SHRQ $7, CX; \
-	JZ   done; \
-	loop: VMOVDQU 0(SI), Y0; \
-	VMOVDQU 32(SI), Y1; \
-	VMOVDQU 64(SI), Y2; \
-	VMOVDQU 96(SI), Y3; \
-	VMOVDQU 0(DX), Y4; \
-	VMOVDQU 32(DX), Y5; \
-	VMOVDQU 64(DX), Y6; \
-	VMOVDQU 96(DX), Y7; \
-	STEP(Y0, Y4, Y8, Y9); \
-	STEP(Y1, Y5, Y10, Y11); \
-	STEP(Y2, Y6, Y12, Y13); \
-	STEP(Y3, Y7, Y14, Y15); \
-	VMOVDQU Y0, 0(DI); \
-	VMOVDQU Y1, 32(DI); \
-	VMOVDQU Y2, 64(DI); \
-	VMOVDQU Y3, 96(DI); \
-	ADDQ $128, SI; \
-	ADDQ $128, DX; \
-	ADDQ $128, DI; \
-	DECQ CX; \
-	JNZ  loop; \
-	VZEROUPPER; \
-	done: RET
-
-// MANY_STEP is MANY for a STEP macro.
-#define MANY_STEP(STEP) \
-	MOVQ dst+0(FP), DI; \
-	MOVQ dst2+8(FP), BX; \
-	MOVQ srcs+16(FP), SI; \
-	MOVQ nsrc+24(FP), CX; \
-	MOVQ n+32(FP), DX; \
-	XORQ R8, R8; \
-	TESTQ DX, DX; \
-	JZ   done; \
-	block: MOVQ 0(SI), R9; \
-	VMOVDQU 0(R9)(R8*1), Y0; \
-	VMOVDQU 32(R9)(R8*1), Y1; \
-	VMOVDQU 64(R9)(R8*1), Y2; \
-	VMOVDQU 96(R9)(R8*1), Y3; \
-	MOVQ $1, R10; \
-	operand: CMPQ R10, CX; \
-	JEQ  store; \
-	MOVQ 0(SI)(R10*8), R9; \
-	VMOVDQU 0(R9)(R8*1), Y4; \
-	VMOVDQU 32(R9)(R8*1), Y5; \
-	VMOVDQU 64(R9)(R8*1), Y6; \
-	VMOVDQU 96(R9)(R8*1), Y7; \
-	STEP(Y0, Y4, Y8, Y9); \
-	STEP(Y1, Y5, Y10, Y11); \
-	STEP(Y2, Y6, Y12, Y13); \
-	STEP(Y3, Y7, Y14, Y15); \
+	STEP(OP, Y0, 0(R9)(R8*1), Y4, Y5, Y6); \
+	STEP(OP, Y1, 32(R9)(R8*1), Y7, Y8, Y9); \
+	STEP(OP, Y2, 64(R9)(R8*1), Y10, Y11, Y12); \
+	STEP(OP, Y3, 96(R9)(R8*1), Y13, Y14, Y15); \
 	INCQ R10; \
 	JMP  operand; \
 	store: VMOVDQU Y0, 0(DI)(R8*1); \
@@ -195,71 +127,71 @@
 
 // func addFloat32AVX2(dst, a, b *byte, n int)
 TEXT ·addFloat32AVX2(SB), NOSPLIT, $0-32
-	PAIRWISE(VADDPS)
+	PAIRWISE(APPLY, VADDPS)
 
 // func addFloat64AVX2(dst, a, b *byte, n int)
 TEXT ·addFloat64AVX2(SB), NOSPLIT, $0-32
-	PAIRWISE(VADDPD)
+	PAIRWISE(APPLY, VADDPD)
 
 // func mulFloat32AVX2(dst, a, b *byte, n int)
 TEXT ·mulFloat32AVX2(SB), NOSPLIT, $0-32
-	PAIRWISE(VMULPS)
+	PAIRWISE(APPLY, VMULPS)
 
 // func mulFloat64AVX2(dst, a, b *byte, n int)
 TEXT ·mulFloat64AVX2(SB), NOSPLIT, $0-32
-	PAIRWISE(VMULPD)
+	PAIRWISE(APPLY, VMULPD)
 
 // func addInt8AVX2(dst, a, b *byte, n int)
 TEXT ·addInt8AVX2(SB), NOSPLIT, $0-32
-	PAIRWISE(VPADDB)
+	PAIRWISE(APPLY, VPADDB)
 
 // func addInt32AVX2(dst, a, b *byte, n int)
 TEXT ·addInt32AVX2(SB), NOSPLIT, $0-32
-	PAIRWISE(VPADDD)
+	PAIRWISE(APPLY, VPADDD)
 
 // func addInt64AVX2(dst, a, b *byte, n int)
 TEXT ·addInt64AVX2(SB), NOSPLIT, $0-32
-	PAIRWISE(VPADDQ)
+	PAIRWISE(APPLY, VPADDQ)
 
 // func mulInt32AVX2(dst, a, b *byte, n int)
 TEXT ·mulInt32AVX2(SB), NOSPLIT, $0-32
-	PAIRWISE(VPMULLD)
+	PAIRWISE(APPLY, VPMULLD)
 
 // func maxInt8AVX2(dst, a, b *byte, n int)
 TEXT ·maxInt8AVX2(SB), NOSPLIT, $0-32
-	PAIRWISE(VPMAXSB)
+	PAIRWISE(APPLY, VPMAXSB)
 
 // func minInt8AVX2(dst, a, b *byte, n int)
 TEXT ·minInt8AVX2(SB), NOSPLIT, $0-32
-	PAIRWISE(VPMINSB)
+	PAIRWISE(APPLY, VPMINSB)
 
 // func maxUint8AVX2(dst, a, b *byte, n int)
 TEXT ·maxUint8AVX2(SB), NOSPLIT, $0-32
-	PAIRWISE(VPMAXUB)
+	PAIRWISE(APPLY, VPMAXUB)
 
 // func minUint8AVX2(dst, a, b *byte, n int)
 TEXT ·minUint8AVX2(SB), NOSPLIT, $0-32
-	PAIRWISE(VPMINUB)
+	PAIRWISE(APPLY, VPMINUB)
 
 // func maxInt32AVX2(dst, a, b *byte, n int)
 TEXT ·maxInt32AVX2(SB), NOSPLIT, $0-32
-	PAIRWISE(VPMAXSD)
+	PAIRWISE(APPLY, VPMAXSD)
 
 // func minInt32AVX2(dst, a, b *byte, n int)
 TEXT ·minInt32AVX2(SB), NOSPLIT, $0-32
-	PAIRWISE(VPMINSD)
+	PAIRWISE(APPLY, VPMINSD)
 
 // func andBytesAVX2(dst, a, b *byte, n int)
 TEXT ·andBytesAVX2(SB), NOSPLIT, $0-32
-	PAIRWISE(VPAND)
+	PAIRWISE(APPLY, VPAND)
 
 // func orBytesAVX2(dst, a, b *byte, n int)
 TEXT ·orBytesAVX2(SB), NOSPLIT, $0-32
-	PAIRWISE(VPOR)
+	PAIRWISE(APPLY, VPOR)
 
 // func xorBytesAVX2(dst, a, b *byte, n int)
 TEXT ·xorBytesAVX2(SB), NOSPLIT, $0-32
-	PAIRWISE(VPXOR)
+	PAIRWISE(APPLY, VPXOR)
 
 // The many-operand kernels: dst = ((srcs[0] op srcs[1]) op srcs[2]) ...
 // over n bytes (a multiple of 128), nsrc >= 1 operands, in one pass; the
@@ -268,119 +200,119 @@ TEXT ·xorBytesAVX2(SB), NOSPLIT, $0-32
 
 // func addFloat32ManyAVX2(dst, dst2 *byte, srcs **byte, nsrc, n int)
 TEXT ·addFloat32ManyAVX2(SB), NOSPLIT, $0-40
-	MANY(VADDPS)
+	MANY(APPLY, VADDPS)
 
 // func addFloat64ManyAVX2(dst, dst2 *byte, srcs **byte, nsrc, n int)
 TEXT ·addFloat64ManyAVX2(SB), NOSPLIT, $0-40
-	MANY(VADDPD)
+	MANY(APPLY, VADDPD)
 
 // func mulFloat32ManyAVX2(dst, dst2 *byte, srcs **byte, nsrc, n int)
 TEXT ·mulFloat32ManyAVX2(SB), NOSPLIT, $0-40
-	MANY(VMULPS)
+	MANY(APPLY, VMULPS)
 
 // func mulFloat64ManyAVX2(dst, dst2 *byte, srcs **byte, nsrc, n int)
 TEXT ·mulFloat64ManyAVX2(SB), NOSPLIT, $0-40
-	MANY(VMULPD)
+	MANY(APPLY, VMULPD)
 
 // func addInt8ManyAVX2(dst, dst2 *byte, srcs **byte, nsrc, n int)
 TEXT ·addInt8ManyAVX2(SB), NOSPLIT, $0-40
-	MANY(VPADDB)
+	MANY(APPLY, VPADDB)
 
 // func addInt32ManyAVX2(dst, dst2 *byte, srcs **byte, nsrc, n int)
 TEXT ·addInt32ManyAVX2(SB), NOSPLIT, $0-40
-	MANY(VPADDD)
+	MANY(APPLY, VPADDD)
 
 // func addInt64ManyAVX2(dst, dst2 *byte, srcs **byte, nsrc, n int)
 TEXT ·addInt64ManyAVX2(SB), NOSPLIT, $0-40
-	MANY(VPADDQ)
+	MANY(APPLY, VPADDQ)
 
 // func mulInt32ManyAVX2(dst, dst2 *byte, srcs **byte, nsrc, n int)
 TEXT ·mulInt32ManyAVX2(SB), NOSPLIT, $0-40
-	MANY(VPMULLD)
+	MANY(APPLY, VPMULLD)
 
 // func maxInt8ManyAVX2(dst, dst2 *byte, srcs **byte, nsrc, n int)
 TEXT ·maxInt8ManyAVX2(SB), NOSPLIT, $0-40
-	MANY(VPMAXSB)
+	MANY(APPLY, VPMAXSB)
 
 // func minInt8ManyAVX2(dst, dst2 *byte, srcs **byte, nsrc, n int)
 TEXT ·minInt8ManyAVX2(SB), NOSPLIT, $0-40
-	MANY(VPMINSB)
+	MANY(APPLY, VPMINSB)
 
 // func maxUint8ManyAVX2(dst, dst2 *byte, srcs **byte, nsrc, n int)
 TEXT ·maxUint8ManyAVX2(SB), NOSPLIT, $0-40
-	MANY(VPMAXUB)
+	MANY(APPLY, VPMAXUB)
 
 // func minUint8ManyAVX2(dst, dst2 *byte, srcs **byte, nsrc, n int)
 TEXT ·minUint8ManyAVX2(SB), NOSPLIT, $0-40
-	MANY(VPMINUB)
+	MANY(APPLY, VPMINUB)
 
 // func maxInt32ManyAVX2(dst, dst2 *byte, srcs **byte, nsrc, n int)
 TEXT ·maxInt32ManyAVX2(SB), NOSPLIT, $0-40
-	MANY(VPMAXSD)
+	MANY(APPLY, VPMAXSD)
 
 // func minInt32ManyAVX2(dst, dst2 *byte, srcs **byte, nsrc, n int)
 TEXT ·minInt32ManyAVX2(SB), NOSPLIT, $0-40
-	MANY(VPMINSD)
+	MANY(APPLY, VPMINSD)
 
 // func andBytesManyAVX2(dst, dst2 *byte, srcs **byte, nsrc, n int)
 TEXT ·andBytesManyAVX2(SB), NOSPLIT, $0-40
-	MANY(VPAND)
+	MANY(APPLY, VPAND)
 
 // func orBytesManyAVX2(dst, dst2 *byte, srcs **byte, nsrc, n int)
 TEXT ·orBytesManyAVX2(SB), NOSPLIT, $0-40
-	MANY(VPOR)
+	MANY(APPLY, VPOR)
 
 // func xorBytesManyAVX2(dst, dst2 *byte, srcs **byte, nsrc, n int)
 TEXT ·xorBytesManyAVX2(SB), NOSPLIT, $0-40
-	MANY(VPXOR)
+	MANY(APPLY, VPXOR)
 
 // func maxFloat32AVX2(dst, a, b *byte, n int)
 TEXT ·maxFloat32AVX2(SB), NOSPLIT, $0-32
-	PAIRWISE_STEP(MAXPS)
+	PAIRWISE(FMAXPS, VMAXPS)
 
 // func minFloat32AVX2(dst, a, b *byte, n int)
 TEXT ·minFloat32AVX2(SB), NOSPLIT, $0-32
-	PAIRWISE_STEP(MINPS)
+	PAIRWISE(FMINPS, VMINPS)
 
 // func maxFloat64AVX2(dst, a, b *byte, n int)
 TEXT ·maxFloat64AVX2(SB), NOSPLIT, $0-32
-	PAIRWISE_STEP(MAXPD)
+	PAIRWISE(FMAXPD, VMAXPD)
 
 // func minFloat64AVX2(dst, a, b *byte, n int)
 TEXT ·minFloat64AVX2(SB), NOSPLIT, $0-32
-	PAIRWISE_STEP(MINPD)
+	PAIRWISE(FMINPD, VMINPD)
 
 // func maxInt64AVX2(dst, a, b *byte, n int)
 TEXT ·maxInt64AVX2(SB), NOSPLIT, $0-32
-	PAIRWISE_STEP(MAXQ)
+	PAIRWISE(MAXQ, VPCMPGTQ)
 
 // func minInt64AVX2(dst, a, b *byte, n int)
 TEXT ·minInt64AVX2(SB), NOSPLIT, $0-32
-	PAIRWISE_STEP(MINQ)
+	PAIRWISE(MINQ, VPCMPGTQ)
 
 // func maxFloat32ManyAVX2(dst, dst2 *byte, srcs **byte, nsrc, n int)
 TEXT ·maxFloat32ManyAVX2(SB), NOSPLIT, $0-40
-	MANY_STEP(MAXPS)
+	MANY(FMAXPS, VMAXPS)
 
 // func minFloat32ManyAVX2(dst, dst2 *byte, srcs **byte, nsrc, n int)
 TEXT ·minFloat32ManyAVX2(SB), NOSPLIT, $0-40
-	MANY_STEP(MINPS)
+	MANY(FMINPS, VMINPS)
 
 // func maxFloat64ManyAVX2(dst, dst2 *byte, srcs **byte, nsrc, n int)
 TEXT ·maxFloat64ManyAVX2(SB), NOSPLIT, $0-40
-	MANY_STEP(MAXPD)
+	MANY(FMAXPD, VMAXPD)
 
 // func minFloat64ManyAVX2(dst, dst2 *byte, srcs **byte, nsrc, n int)
 TEXT ·minFloat64ManyAVX2(SB), NOSPLIT, $0-40
-	MANY_STEP(MINPD)
+	MANY(FMINPD, VMINPD)
 
 // func maxInt64ManyAVX2(dst, dst2 *byte, srcs **byte, nsrc, n int)
 TEXT ·maxInt64ManyAVX2(SB), NOSPLIT, $0-40
-	MANY_STEP(MAXQ)
+	MANY(MAXQ, VPCMPGTQ)
 
 // func minInt64ManyAVX2(dst, dst2 *byte, srcs **byte, nsrc, n int)
 TEXT ·minInt64ManyAVX2(SB), NOSPLIT, $0-40
-	MANY_STEP(MINQ)
+	MANY(MINQ, VPCMPGTQ)
 
 // The half-precision kernels: dst = narrow(widen(a) op widen(b)) over n
 // bytes (a multiple of 32), 16 elements per iteration, exactly as the
