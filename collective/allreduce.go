@@ -182,12 +182,12 @@ func (o *op) allReduceHalving(buf []byte) error {
 
 	scratch := o.scratch(len(buf))
 	first := len(o.recvs)
-	lo, hi, at := 0, p2, 0
+	lo, hi, landed := 0, p2, 0
 	for mask := p2 / 2; mask >= 1; mask /= 2 {
 		var keep span
 		keep, _, lo, hi = halve(mask, lo, hi)
-		o.expect(me^mask, scratch[at:at+keep.len], keep.off)
-		at += keep.len
+		o.expect(me^mask, scratch[landed:landed+keep.len], keep.off)
+		landed += keep.len
 	}
 	for mask, glo := 1, lo; mask < p2; mask *= 2 {
 		var theirs span

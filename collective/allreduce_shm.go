@@ -116,13 +116,9 @@ func (o *op) allReducePairSingleCopy(buf []byte) error {
 	scratch := o.scratch(piece)
 	return o.runShared(func(s *shmWorld) error {
 		g := s.next()
-		// The slot goes unused, but the piece table of g's parity is free
-		// once the slot is.
-		if _, err := o.claimSlot(g); err != nil {
+		if err := o.publish(g, buf); err != nil {
 			return err
 		}
-		o.self().pieces(g).setBase(addressOf(buf))
-		o.signalWritten(g)
 		if err := o.awaitWritten(peer, g); err != nil {
 			return err
 		}
@@ -148,6 +144,18 @@ func (o *op) allReducePairSingleCopy(buf []byte) error {
 		runtime.KeepAlive(buf)
 		return nil
 	})
+}
+
+// publish offers buf for the peers to read in block g (readFrom), and
+// says so. The slot goes unused, but the piece table of g's parity, where
+// the address goes, is free once the slot is.
+func (o *op) publish(g uint32, buf []byte) error {
+	if _, err := o.claimSlot(g); err != nil {
+		return err
+	}
+	o.self().pieces(g).setBase(addressOf(buf))
+	o.signalWritten(g)
+	return nil
 }
 
 // readFrom copies span at of the buffer peer published for block g into

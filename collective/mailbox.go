@@ -158,35 +158,30 @@ func (p *bufferPool) put(f *frame) {
 // of a message on a tag, the oldest AnySource receive.
 func (t *transport) takePostedLocked(key boxKey, h *header) *recvReq {
 	if box := t.boxes[key]; box != nil && len(box.posted) > 0 {
-		return box.popPosted()
+		return popFront(&box.posted)
 	}
 	if key.p2p && h.offset == 0 {
 		anyKey := key
 		anyKey.src = anySource
 		if box := t.boxes[anyKey]; box != nil && len(box.posted) > 0 {
-			return box.popPosted()
+			return popFront(&box.posted)
 		}
 	}
 	return nil
 }
 
-// popPosted and popFrame shift the rest down rather than reslicing, so
-// that the queues keep their capacity and appends allocate nothing once
-// warm; they hold a few segments' worth.
-func (b *mailbox) popPosted() *recvReq {
-	r := b.posted[0]
-	n := copy(b.posted, b.posted[1:])
-	b.posted[n] = nil
-	b.posted = b.posted[:n]
-	return r
-}
-
-func (b *mailbox) popFrame() *frame {
-	f := b.frames[0]
-	n := copy(b.frames, b.frames[1:])
-	b.frames[n] = nil
-	b.frames = b.frames[:n]
-	return f
+// popFront removes and returns the first of q, shifting the rest down
+// rather than reslicing, so that the queue keeps its capacity and appends
+// allocate nothing once warm (the mailboxes and a connection's frames
+// hold a few segments' worth).
+func popFront[T any](q *[]T) T {
+	s := *q
+	v := s[0]
+	n := copy(s, s[1:])
+	var zero T
+	s[n] = zero // let the collector have what it points to
+	*q = s[:n]
+	return v
 }
 
 // boxLocked returns key's mailbox, creating it.
@@ -215,13 +210,13 @@ func (t *transport) post(r *recvReq, key boxKey, members []int) {
 			k := key
 			k.src = src
 			if b := t.boxes[k]; b != nil && len(b.frames) > 0 && b.frames[0].h.offset == 0 {
-				t.fillLocked(r, b.popFrame(), src)
+				t.fillLocked(r, popFront(&b.frames), src)
 				return
 			}
 		}
 	} else {
 		if b := t.boxes[key]; b != nil && len(b.frames) > 0 {
-			t.fillLocked(r, b.popFrame(), key.src)
+			t.fillLocked(r, popFront(&b.frames), key.src)
 			return
 		}
 		if err := t.peers[key.src].inErr; err != nil {

@@ -181,9 +181,8 @@ func (o *op) allToAllShared(out, in []byte, sends, recvs []span) error {
 					}
 					rounds = max(rounds, int(theirs.rounds[g%2].Load()))
 					if single(piece.len) {
-						from := table.base() + uintptr(table.offset(me))
-						if err := readPeer(s.pids[peer], from, piece.of(out)); err != nil {
-							return &PeerError{Rank: peer, Op: o.label(), Err: err}
+						if err := o.readFrom(peer, g, span{int(table.offset(me)), piece.len}, piece.of(out)); err != nil {
+							return err
 						}
 					}
 				}
@@ -217,22 +216,17 @@ func (o *op) allGatherSingleCopy(out, in []byte) error {
 	n, me, size := o.c.size(), o.c.rank, len(in)
 	return o.runShared(func(s *shmWorld) error {
 		g := s.next()
-		// The slot goes unused, but the piece table of g's parity is free
-		// once the slot is.
-		if _, err := o.claimSlot(g); err != nil {
+		if err := o.publish(g, in); err != nil {
 			return err
 		}
-		o.self().pieces(g).setBase(addressOf(in))
-		o.signalWritten(g)
 		copyCached(out[me*size:], in)
 		for i := range n - 1 {
 			peer := orderAfter(me, n, i)
 			if err := o.awaitWritten(peer, g); err != nil {
 				return err
 			}
-			from := o.region(peer).pieces(g).base()
-			if err := readPeer(s.pids[peer], from, out[peer*size:][:size]); err != nil {
-				return &PeerError{Rank: peer, Op: o.label(), Err: err}
+			if err := o.readFrom(peer, g, span{0, size}, out[peer*size:][:size]); err != nil {
+				return err
 			}
 		}
 		o.signalConsumed(g)

@@ -178,7 +178,7 @@ func (o *outConn) push(fd int) error {
 // that have not begun to go out. mu is held.
 func (o *outConn) skipCanceled() {
 	for o.sent == 0 && len(o.queue) > 0 && o.queue[0].canceled.Load() {
-		o.pop().finish(nil)
+		popFront(&o.queue).finish(nil)
 	}
 }
 
@@ -218,7 +218,7 @@ func (o *outConn) advance(n int) {
 			break
 		}
 		n -= size
-		done = append(done, o.pop())
+		done = append(done, popFront(&o.queue))
 	}
 	o.sent = n
 	if len(o.queue) == 0 {
@@ -230,16 +230,6 @@ func (o *outConn) advance(n int) {
 	}
 	clear(done)
 	o.batch = done
-}
-
-// pop removes the head of the queue, shifting the rest down so that the
-// queue keeps its capacity. mu is held.
-func (o *outConn) pop() *sendReq {
-	r := o.queue[0]
-	n := copy(o.queue, o.queue[1:])
-	o.queue[n] = nil
-	o.queue = o.queue[:n]
-	return r
 }
 
 // write is the writer goroutine: it writes the frames handed to it,

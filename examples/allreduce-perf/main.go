@@ -422,24 +422,9 @@ var dtypes = map[string]dist.DType{
 	"float": dist.Float32, "double": dist.Float64, "half": dist.Float16,
 }
 
+// newTensor allocates n elements of dt on the Go heap.
 func newTensor(dt dist.DType, n int) dist.Tensor {
-	switch dt {
-	case dist.Int8:
-		return dist.Of(make([]int8, n))
-	case dist.Uint8:
-		return dist.Of(make([]uint8, n))
-	case dist.Int32:
-		return dist.Of(make([]int32, n))
-	case dist.Int64:
-		return dist.Of(make([]int64, n))
-	case dist.Float16:
-		return dist.Float16s(make([]uint16, n))
-	case dist.BFloat16:
-		return dist.BFloat16s(make([]uint16, n))
-	case dist.Float64:
-		return dist.Of(make([]float64, n))
-	}
-	return dist.Of(make([]float32, n))
+	return tensorOver(dt, make([]byte, n*dt.Size()))
 }
 
 // roundTo is v as an element of t's dtype holds it: an average of
