@@ -191,7 +191,7 @@ func (a *Agent) membership() membership {
 	if d, ok := a.opts.Rendezvous.(*rendezvous.Dynamic); ok {
 		return &dynamicMembership{d: d, exitTimeout: a.spec.ExitBarrierTimeout}
 	}
-	return newStaticMembership(a.opts.Rendezvous, &a.spec)
+	return newStaticMembership(a.opts.Rendezvous, &a.spec, a.log)
 }
 
 // jobFailed ends the job with the failures every node reported in the
@@ -350,7 +350,7 @@ func (a *Agent) watch(ctx context.Context, att *attempt, changed <-chan struct{}
 				continue
 			}
 			if stuck, all := hang.exited(e.LocalRank); stuck {
-				out.failures = append(out.failures, hang.failure(att.failure(e, a.spec.Host)))
+				out.failures = append(out.failures, hang.failure(e.LocalRank, att.failure(e, a.spec.Host)))
 				if all {
 					stop(syscall.SIGTERM)
 				}

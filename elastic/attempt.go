@@ -17,6 +17,9 @@ import (
 type attempt struct {
 	group      *launcher.Group
 	errorFiles map[int]string // by slot (launcher.Exit.LocalRank)
+	// firstLocalRank is the local rank of slot 0: non-zero when a
+	// scheduler placed this node's one worker (Spec.Placement).
+	firstLocalRank int
 	progress   []progressFile // with --hang-timeout
 	closers    []io.Closer
 }
@@ -32,10 +35,10 @@ func (a *Agent) startAttempt(rk ranks, restart, number int, master workerEndpoin
 	stderr := launcher.NewConsole(a.opts.Stderr, launcher.ConsoleOptions{Timestamps: s.Timestamps, Now: a.now})
 	// Where the workers sit as they see it: in the node the rendezvous
 	// gave, unless a scheduler placed the one worker (Spec.Placement).
-	firstLocalRank, localWorldSize := 0, s.NProcPerNode
+	localWorldSize := s.NProcPerNode
 	groupRank, groupWorldSize := rk.GroupRank, rk.GroupWorldSize
 	if p := s.Placement; p != nil {
-		firstLocalRank, localWorldSize = p.LocalRank, p.LocalWorldSize
+		att.firstLocalRank, localWorldSize = p.LocalRank, p.LocalWorldSize
 		groupRank, groupWorldSize = p.NodeRank, p.NNodes
 	}
 	specs := make([]launcher.WorkerSpec, s.NProcPerNode)
@@ -44,7 +47,7 @@ func (a *Agent) startAttempt(rk ranks, restart, number int, master workerEndpoin
 	// local rank the worker sees, which names its log folder and picks
 	// where its output goes (--redirects, --tee, --local-ranks-filter).
 	for slot := range specs {
-		rank, lr := rk.BaseRank+slot, firstLocalRank+slot
+		rank, lr := rk.BaseRank+slot, att.firstLocalRank+slot
 		dir, outPath, errPath, errorFile := launcher.LogPaths(logs.dir, s.RunID, number, lr)
 		if err := resetDir(dir); err != nil {
 			att.closeOutput()
@@ -165,9 +168,11 @@ func (att *attempt) closeOutput() {
 }
 
 // failure turns a failed exit into a report entry with its error file.
+// The entry names the local rank the worker saw, not its slot.
 func (att *attempt) failure(e launcher.Exit, host string) Failure {
-	f := Failure{Exit: e, Host: host}
 	path := att.errorFiles[e.LocalRank]
+	e.LocalRank += att.firstLocalRank
+	f := Failure{Exit: e, Host: host}
 	if info, err := launcher.ReadErrorFile(path); err == nil && info != nil {
 		f.Error, f.ErrorFile = info, path
 	}

@@ -233,12 +233,12 @@ func (h *hangCheck) exited(localRank int) (stuck, allExited bool) {
 	return true, h.pending == 0
 }
 
-// failure is f, the exit of a stuck worker, told as the hang: its message
-// says so (what the worker's error file said moves to the traceback), it
-// dates from when the hang was found, and it is a failure however the
-// worker exited.
-func (h *hangCheck) failure(f Failure) Failure {
-	msg := "hang: no collective progress for " + roundIdle(h.stuck[f.LocalRank].idle).String()
+// failure is f, the exit of the stuck worker in slot, told as the hang:
+// its message says so (what the worker's error file said moves to the
+// traceback), it dates from when the hang was found, and it is a failure
+// however the worker exited.
+func (h *hangCheck) failure(slot int, f Failure) Failure {
+	msg := "hang: no collective progress for " + roundIdle(h.stuck[slot].idle).String()
 	info := &launcher.ErrorInfo{Message: msg, Timestamp: h.found}
 	if f.Error != nil {
 		info.Traceback = joinLines(f.Error.Message, f.Error.Traceback)

@@ -180,7 +180,7 @@ func TestHangFailure(t *testing.T) {
 		{launcher.Exit{LocalRank: 1, Rank: 3, ExitCode: 0}, nil, 1, ""},
 		{launcher.Exit{LocalRank: 1, Rank: 3, ExitCode: 134, Signal: 6}, &launcher.ErrorInfo{Message: "boom", Traceback: "at x"}, 134, "boom\nat x"},
 	} {
-		f := h.failure(Failure{Exit: tc.exit, Error: tc.written})
+		f := h.failure(tc.exit.LocalRank, Failure{Exit: tc.exit, Error: tc.written})
 		if f.Error == nil || f.Error.Message != "hang: no collective progress for 30s" || f.Error.Traceback != tc.traceback {
 			t.Errorf("failure of %v: error %+v", tc.exit, f.Error)
 		}

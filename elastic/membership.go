@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/rs/zerolog"
+
 	"github.com/gorun/gorun/rendezvous"
 )
 
@@ -62,6 +64,7 @@ type endpoint struct {
 type staticMembership struct {
 	handler     rendezvous.Handler
 	spec        *Spec
+	log         zerolog.Logger
 	timeout     time.Duration
 	current     *round
 	restarts    int
@@ -69,8 +72,8 @@ type staticMembership struct {
 	maxRestarts int
 }
 
-func newStaticMembership(h rendezvous.Handler, spec *Spec) *staticMembership {
-	return &staticMembership{handler: h, spec: spec, timeout: spec.StoreTimeout, maxRestarts: spec.MaxRestarts}
+func newStaticMembership(h rendezvous.Handler, spec *Spec, log zerolog.Logger) *staticMembership {
+	return &staticMembership{handler: h, spec: spec, log: log, timeout: spec.StoreTimeout, maxRestarts: spec.MaxRestarts}
 }
 
 func (m *staticMembership) next(ctx context.Context) (*round, error) {
@@ -95,11 +98,22 @@ func (m *staticMembership) next(ctx context.Context) (*round, error) {
 	return m.next(ctx)
 }
 
-func (m *staticMembership) fail(_ context.Context, fs []Failure) (bool, error) {
+func (m *staticMembership) fail(ctx context.Context, fs []Failure) (bool, error) {
 	m.reports = fs
 	if m.restarts < m.maxRestarts {
 		m.restarts++
 		return true, nil
+	}
+	// A node out of restarts is as finished as one whose workers
+	// succeeded: it arrives at the exit barrier, without waiting there,
+	// or the other nodes would wait out the barrier's timeout for it
+	// (torchrun's agents do).
+	if nodes := m.current.ranks.GroupWorldSize; nodes > 1 {
+		ctx, cancel := context.WithTimeout(ctx, m.timeout)
+		defer cancel()
+		if err := arriveAtExit(ctx, m.current.store, nodes); err != nil {
+			m.log.Warn().Err(err).Msg("exit barrier")
+		}
 	}
 	return false, nil
 }
@@ -129,17 +143,23 @@ func exitBarrier(ctx context.Context, store rendezvous.Store, nodes int, timeout
 	}
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
-	const prefix = "torchelastic/agent/terminal_state/"
-	n, err := store.Add(ctx, prefix+"num_members", 1)
-	if err != nil {
+	if err := arriveAtExit(ctx, store, nodes); err != nil {
 		return err
 	}
-	if int(n) == nodes {
-		if err := store.Set(ctx, prefix+"last_member", []byte("<val_ignored>")); err != nil {
-			return err
-		}
+	return store.Wait(ctx, []string{exitBarrierPrefix + "last_member"})
+}
+
+// exitBarrierPrefix is torchrun's: its keys in the store.
+const exitBarrierPrefix = "torchelastic/agent/terminal_state/"
+
+// arriveAtExit counts this node in the exit barrier; the last of the
+// nodes to arrive opens it.
+func arriveAtExit(ctx context.Context, store rendezvous.Store, nodes int) error {
+	n, err := store.Add(ctx, exitBarrierPrefix+"num_members", 1)
+	if err != nil || int(n) != nodes {
+		return err
 	}
-	return store.Wait(ctx, []string{prefix + "last_member"})
+	return store.Set(ctx, exitBarrierPrefix+"last_member", []byte("<val_ignored>"))
 }
 
 // dynamicMembership runs the elastic rendezvous: rounds of MinNodes to

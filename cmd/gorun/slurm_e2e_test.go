@@ -154,6 +154,30 @@ func TestSlurmDirectLocalRankPicksOutput(t *testing.T) {
 	}
 }
 
+// Under --slurm-direct, the failure report names the local rank Slurm gave
+// the task, not its worker's place in the agent's group of one; and the
+// task whose worker succeeded ends at once, its exit barrier opened by the
+// failed task (static rendezvous: it would wait for the store timeout).
+func TestSlurmDirectReportNamesLocalRank(t *testing.T) {
+	job := slurmJobID(t)
+	w := script(t, t.TempDir(), "w.sh", `[ "$LOCAL_RANK" = 1 ] && exit 3
+exit 0
+`)
+	agents := make([]*agent, 2)
+	for rank := range agents {
+		agents[rank] = startCommandEnv(t, append(testEnv(t), directTask(job, 2, 2, rank)...), bin("gorun"), "--slurm-direct", w)
+	}
+	if code := agents[1].wait(t, 60*time.Second); code != 3 {
+		t.Fatalf("task 1 exited %d, want its worker's 3:\n%s", code, agents[1].out.String())
+	}
+	if code := agents[0].wait(t, 60*time.Second); code != 0 {
+		t.Fatalf("task 0 exited %d:\n%s", code, agents[0].out.String())
+	}
+	if out := agents[1].out.String(); !strings.Contains(out, "rank      : 1 (local_rank: 1)") {
+		t.Errorf("the report does not name rank 1, local rank 1:\n%s", out)
+	}
+}
+
 // --slurm-direct outside srun, or with flags that would place workers
 // against Slurm, fails before anything starts.
 func TestSlurmDirectRefusesWhatSlurmDecides(t *testing.T) {
