@@ -17,11 +17,11 @@ import (
 type attempt struct {
 	group      *launcher.Group
 	errorFiles map[int]string // by slot (launcher.Exit.LocalRank)
+	progress   []progressFile // with --hang-timeout
+	closers    []io.Closer
 	// firstLocalRank is the local rank of slot 0: non-zero when a
 	// scheduler placed this node's one worker (Spec.Placement).
 	firstLocalRank int
-	progress   []progressFile // with --hang-timeout
-	closers    []io.Closer
 }
 
 // startAttempt builds every worker's environment and output sinks and
