@@ -168,6 +168,16 @@ func (o *op) readFrom(peer int, g uint32, at span, dst []byte) error {
 	return nil
 }
 
+// writeTo copies src into span at of the buffer peer published for block
+// g.
+func (o *op) writeTo(peer int, g uint32, at span, src []byte) error {
+	to := o.region(peer).pieces(g).base() + uintptr(at.off)
+	if err := writePeer(o.c.shm.pids[peer], to, src); err != nil {
+		return &PeerError{Rank: peer, Op: o.label(), Err: err}
+	}
+	return nil
+}
+
 // allReduceSharedFlat reduces every block whole on every rank: one
 // synchronisation per block. A nil buf is a barrier.
 func (o *op) allReduceSharedFlat(buf []byte) error {

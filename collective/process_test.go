@@ -130,15 +130,17 @@ func scenarioCollectives(ctx context.Context, c Comm) error {
 		report(fmt.Sprintf("all_reduce-%d", i), buf)
 	}
 
-	in := inputs(Float32, 70000, 9)
-	buf := bytes.Clone(in[me])
+	large := inputs(Float32, 300001, 9) // past singleCopyBroadcastMin
+	buf := bytes.Clone(large[me])
 	if err := c.Broadcast(ctx, buf, Float32, n-1); err != nil {
 		return err
 	}
-	if !bytes.Equal(buf, in[n-1]) {
+	if !bytes.Equal(buf, large[n-1]) {
 		return errors.New("broadcast: wrong data")
 	}
 	report("broadcast", buf)
+
+	in := inputs(Float32, 70000, 9)
 
 	out := make([]byte, n*len(in[me]))
 	if err := c.AllGather(ctx, out, in[me], Float32); err != nil {

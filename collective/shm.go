@@ -282,10 +282,10 @@ func setupShm(ctx context.Context, store rendezvous.Store, members []int, me, sl
 	return s, nil
 }
 
-// canReadPeers reports whether this rank can read every peer's memory
-// with process_vm_readv: it reads each peer's magic word from the peer's
-// address space and compares it with what the peer's segment, mapped
-// here, holds.
+// canReadPeers reports whether this rank can read and write every peer's
+// memory with process_vm_readv and _writev: it reads each peer's magic
+// word from the peer's address space, compares it with what the peer's
+// segment, mapped here, holds, and writes it back, unchanged.
 func canReadPeers(segs []*segment, pids []int, addrs []uintptr, rank int, log zerolog.Logger) bool {
 	for peer, seg := range segs {
 		if peer == rank {
@@ -296,6 +296,9 @@ func canReadPeers(segs []*segment, pids []int, addrs []uintptr, rank int, log ze
 		want := magicWord(seg.mem).Load()
 		if err == nil && binary.LittleEndian.Uint64(got[:]) != want {
 			err = errors.New("process_vm_readv read another word than the peer's segment holds")
+		}
+		if err == nil {
+			err = writePeer(pids[peer], addrs[peer]+ctlMagic, got[:])
 		}
 		if err != nil {
 			log.Debug().Err(err).Int("peer", peer).Msg("no single-copy reads between ranks; copying through shared memory")

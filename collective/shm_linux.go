@@ -85,26 +85,38 @@ func (s *segment) unmap() {
 // unless a security module forbids it (Yama's ptrace_scope, seccomp);
 // setupShm tries it before any collective relies on it.
 func readPeer(pid int, addr uintptr, dst []byte) error {
-	for len(dst) > 0 {
-		local := [1]unix.Iovec{{Base: &dst[0]}}
-		local[0].SetLen(len(dst))
-		remote := [1]unix.RemoteIovec{{Base: addr, Len: len(dst)}}
+	return crossCopy(unix.SYS_PROCESS_VM_READV, "process_vm_readv", pid, addr, dst)
+}
+
+// writePeer copies src to address addr of process pid with
+// process_vm_writev, which the kernel allows where it allows readPeer.
+func writePeer(pid int, addr uintptr, src []byte) error {
+	return crossCopy(unix.SYS_PROCESS_VM_WRITEV, "process_vm_writev", pid, addr, src)
+}
+
+// crossCopy moves len(local) bytes between local and address addr of
+// process pid, in the direction of trap (process_vm_readv or _writev).
+func crossCopy(trap uintptr, name string, pid int, addr uintptr, local []byte) error {
+	for len(local) > 0 {
+		liov := [1]unix.Iovec{{Base: &local[0]}}
+		liov[0].SetLen(len(local))
+		riov := [1]unix.RemoteIovec{{Base: addr, Len: len(local)}}
 		// Raw, like the socket calls (sockio_linux.go): it cannot block,
 		// and a plain system call this long has the runtime hand our
 		// processor to another thread while it copies.
-		r, _, errno := unix.RawSyscall6(unix.SYS_PROCESS_VM_READV, uintptr(pid),
-			uintptr(unsafe.Pointer(&local[0])), 1, uintptr(unsafe.Pointer(&remote[0])), 1, 0)
+		r, _, errno := unix.RawSyscall6(trap, uintptr(pid),
+			uintptr(unsafe.Pointer(&liov[0])), 1, uintptr(unsafe.Pointer(&riov[0])), 1, 0)
 		if errno == unix.EINTR {
 			continue
 		}
 		if errno != 0 {
-			return fmt.Errorf("process_vm_readv from pid %d: %w", pid, errno)
+			return fmt.Errorf("%s with pid %d: %w", name, pid, errno)
 		}
 		n := int(r)
 		if n == 0 {
-			return fmt.Errorf("process_vm_readv from pid %d: no bytes read", pid)
+			return fmt.Errorf("%s with pid %d: no bytes copied", name, pid)
 		}
-		dst, addr = dst[n:], addr+uintptr(n)
+		local, addr = local[n:], addr+uintptr(n)
 	}
 	return nil
 }

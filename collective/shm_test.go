@@ -1,6 +1,7 @@
 package collective
 
 import (
+	"bytes"
 	"fmt"
 	"os"
 	"slices"
@@ -304,5 +305,41 @@ func TestSharedMemoryPairSingleCopy(t *testing.T) {
 			t.Fatalf("%v x %d does not take the single-copy all_reduce", p.dt, p.count)
 		}
 		checkReductions(t, comms, p.dt, p.op, p.count, uint64(i+1))
+	}
+}
+
+// TestSharedMemoryBroadcastSingleCopy: the root writes the head of its
+// buffer into every receiver's while they read the tail from it
+// (broadcastSingleCopy): every rank ends with the root's bytes, the
+// root's own unchanged, from every root, for lengths that do not divide
+// among the ranks.
+func TestSharedMemoryBroadcastSingleCopy(t *testing.T) {
+	for _, n := range []int{2, 3, 4} {
+		t.Run(fmt.Sprintf("world=%d", n), func(t *testing.T) {
+			comms := testWorld(t, n, TCPOptions{})
+			if !comms[0].(*comm).t.shm.cma {
+				t.Fatal("goroutines of one process cannot reach each other's memory")
+			}
+			ctx := testContext(t, 20*time.Second)
+			for i, size := range []int{singleCopyBroadcastMin, singleCopyBroadcastMin + 5, 3<<20 + 1} {
+				for root := range n {
+					seed := uint64(100*i + root)
+					want := streamBytes(size, seed)
+					mustAll(t, "broadcast", onAll(comms, func(r int, c Comm) error {
+						buf := streamBytes(size, seed+uint64(r+1)*1000) // differs on every rank
+						if r == root {
+							buf = bytes.Clone(want)
+						}
+						if err := c.Broadcast(ctx, buf, Uint8, root); err != nil {
+							return err
+						}
+						if !bytes.Equal(buf, want) {
+							return fmt.Errorf("%d bytes from root %d: %s", size, root, firstDiff(buf, want))
+						}
+						return nil
+					}))
+				}
+			}
+		})
 	}
 }
