@@ -157,8 +157,9 @@ type shmWorld struct {
 	// goroutines: waiting for one yields to the Go scheduler rather than
 	// the kernel's (see awaitShared).
 	inProcess []bool
-	// cma says every rank can read every other's memory with
-	// process_vm_readv (readPeer); pids are their processes.
+	// cma says every rank can read and write every other's memory with
+	// process_vm_readv and _writev (readPeer, writePeer); pids are their
+	// processes.
 	cma  bool
 	pids []int
 
@@ -252,7 +253,7 @@ func setupShm(ctx context.Context, store rendezvous.Store, members []int, me, sl
 			break
 		}
 	}
-	if ready == "1" && singleCopy && canReadPeers(segs, pids, addrs, rank, log) {
+	if ready == "1" && singleCopy && canReachPeers(segs, pids, addrs, rank, log) {
 		ready = "1c"
 	}
 	err = store.Set(ctx, shmReadyKeyPrefix+strconv.Itoa(members[rank]), []byte(ready))
@@ -282,11 +283,11 @@ func setupShm(ctx context.Context, store rendezvous.Store, members []int, me, sl
 	return s, nil
 }
 
-// canReadPeers reports whether this rank can read and write every peer's
+// canReachPeers reports whether this rank can read and write every peer's
 // memory with process_vm_readv and _writev: it reads each peer's magic
 // word from the peer's address space, compares it with what the peer's
 // segment, mapped here, holds, and writes it back, unchanged.
-func canReadPeers(segs []*segment, pids []int, addrs []uintptr, rank int, log zerolog.Logger) bool {
+func canReachPeers(segs []*segment, pids []int, addrs []uintptr, rank int, log zerolog.Logger) bool {
 	for peer, seg := range segs {
 		if peer == rank {
 			continue
