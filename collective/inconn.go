@@ -55,6 +55,10 @@ type inConn struct {
 // errWouldBlock says the socket is empty for now.
 var errWouldBlock = errors.New("collective: no data yet")
 
+// errHeldBack says the next frame waits in the socket until a receive
+// asks for it (transport.readAheadLocked).
+var errHeldBack = errors.New("collective: read ahead as far as allowed")
+
 // newInConn takes over c's socket: it duplicates the descriptor and
 // closes c, which takes it out of the runtime's poller (no FIN goes:
 // the duplicate keeps the socket open).
@@ -90,10 +94,10 @@ func (ic *inConn) poll() bool {
 		switch {
 		case ic.closed:
 			err = net.ErrClosed
-		case readable(ic.fd):
+		case ic.heldBack() || readable(ic.fd):
 			err = ic.pump()
 		}
-		if err != errWouldBlock {
+		if err != errWouldBlock && err != errHeldBack {
 			// Report it now: the socket may stay silent, and the poller
 			// would never look at it again.
 			ic.retire(err)
@@ -138,13 +142,18 @@ func (ic *inConn) cut() {
 	ic.t.poller.wake(ic)
 }
 
-// pump reads and routes frames until the socket is empty (errWouldBlock)
-// or the connection fails. Called with mu held.
+// pump reads and routes frames until the socket is empty (errWouldBlock),
+// the next frame is held back (errHeldBack) or the connection fails.
+// Called with mu held.
 func (ic *inConn) pump() error {
 	for ic.err == nil {
 		if !ic.inBody {
 			if ic.w-ic.r >= headerSize {
-				ic.err = ic.begin()
+				if err := ic.begin(); err == errHeldBack {
+					return err
+				} else if err != nil {
+					ic.err = err
+				}
 				continue
 			}
 			if err := ic.fill(); err != nil {
@@ -177,6 +186,11 @@ func (ic *inConn) pump() error {
 	}
 	return ic.err
 }
+
+// heldBack reports whether the next frame's header is read but the
+// frame is held back (begin): the socket may be empty, and only pump
+// finds out when the frame may come. Called with mu held.
+func (ic *inConn) heldBack() bool { return !ic.inBody && ic.w-ic.r >= headerSize }
 
 // fill reads into the buffer's free end, moving what is unread to its
 // start first.
@@ -227,6 +241,9 @@ func (ic *inConn) fail(err error) {
 	}
 	if f := ic.frame; f != nil {
 		ic.frame = nil
+		ic.t.mu.Lock()
+		ic.t.releaseLocked(ic.src, f)
+		ic.t.mu.Unlock()
 		ic.t.bufs.put(f)
 	}
 }
@@ -252,7 +269,7 @@ func (ic *inConn) take(n int) {
 
 // begin decodes the buffered header and decides where its payload goes:
 // into the receive posted for it, into a pooled buffer until one is
-// posted, or nowhere.
+// posted, or nowhere; or leaves the frame unread (errHeldBack).
 func (ic *inConn) begin() error {
 	h := &ic.hdr
 	if err := h.decode(ic.buf[ic.r : ic.r+headerSize]); err != nil {
@@ -289,7 +306,13 @@ func (ic *inConn) begin() error {
 		ic.req, ic.dst = r, r.buf
 		return nil
 	}
+	if !t.readAheadLocked(ic.src, h) {
+		ic.r -= headerSize
+		ic.inBody = false
+		return errHeldBack
+	}
 	ic.frame = t.bufs.get(h)
+	t.holdLocked(ic.src, ic.frame)
 	ic.dst = ic.frame.data
 	return nil
 }

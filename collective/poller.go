@@ -52,10 +52,16 @@ func (p *poller) arm(ic *inConn) {
 	}
 }
 
-// wake arms ic if the poller left it idle. ic.mu must not be held.
+// wake arms ic if the poller left it idle; if it holds back a frame it
+// has read the header of, it reads on at once instead, since the socket
+// may have nothing more to tell the poller. ic.mu must not be held.
 func (p *poller) wake(ic *inConn) {
 	if ic.idle.CompareAndSwap(true, false) {
 		ic.mu.Lock()
+		if ic.heldBack() {
+			p.read(ic)
+			return
+		}
 		p.arm(ic)
 		ic.mu.Unlock()
 	}
@@ -108,17 +114,30 @@ func (p *poller) service(ic *inConn) {
 		p.rest(ic)
 		return
 	}
+	p.read(ic)
+}
+
+// read pumps ic and releases ic.mu, which the caller holds: it re-arms
+// ic, or leaves it idle while it holds a frame back, or retires it.
+func (p *poller) read(ic *inConn) {
 	if ic.closed {
 		ic.mu.Unlock()
 		return
 	}
-	err := ic.pump()
-	if err == errWouldBlock {
+	switch err := ic.pump(); err {
+	case errWouldBlock:
 		p.arm(ic)
 		ic.mu.Unlock()
-		return
+	case errHeldBack:
+		// Armed, a readable socket would wake us at once, again and
+		// again. A receive posted for this peer reads it (its op spins
+		// on it, or parks, which wakes every idle connection), and so
+		// does the sweep.
+		ic.idle.Store(true)
+		ic.mu.Unlock()
+	default:
+		ic.retire(err)
 	}
-	ic.retire(err)
 }
 
 // missed records that mu was held, so that its holder reads again, and

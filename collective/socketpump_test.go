@@ -10,6 +10,7 @@ import (
 	"net"
 	"runtime"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 )
@@ -696,5 +697,66 @@ func TestSmallSendHonoursContextWhenPeerStopsReading(t *testing.T) {
 		unlocked = true
 		err := <-done
 		t.Fatalf("a 60 KiB Send with a 300ms deadline was still blocked 5s later (returned %v once the peer read again)", err)
+	}
+}
+
+// TestReadAheadIsBounded: a broadcast's root that calls far ahead of its
+// receiver fills no more of the receiver's memory than heldLimit (and a
+// frame): the rest waits in the socket, and the root waits for the
+// receiver, rather than the receiver buffering without end. Then every
+// broadcast arrives whole and in order. Send/recv frames, which are read
+// however far ahead, are TestSimultaneousLargeSends'.
+func TestReadAheadIsBounded(t *testing.T) {
+	const calls, size = 64, 1 << 20
+	for _, transport := range socketTransports {
+		t.Run(transport, func(t *testing.T) {
+			comms := testWorld(t, 2, TCPOptions{Transport: transport})
+			ctx := testContext(t, 30*time.Second)
+			var done atomic.Int32 // broadcasts the root has finished
+			rootErr := make(chan error, 1)
+			go func() {
+				for i := range calls {
+					if err := comms[0].Broadcast(ctx, streamBytes(size, uint64(i)), Uint8, 0); err != nil {
+						rootErr <- err
+						return
+					}
+					done.Add(1)
+				}
+				rootErr <- nil
+			}()
+			// Wait for the root to stop getting ahead.
+			last, steadySince := int32(-1), time.Now()
+			waitFor(20*time.Second, func() bool {
+				if n := done.Load(); n != last || n == calls {
+					last, steadySince = n, time.Now()
+					return n == calls
+				}
+				return time.Since(steadySince) > 300*time.Millisecond
+			})
+			tr := comms[1].(*comm).t
+			tr.mu.Lock()
+			held := tr.peers[0].held
+			tr.mu.Unlock()
+			if held > heldLimit+size {
+				t.Errorf("the receiver holds %d bytes read ahead, past the bound of %d and a frame", held, heldLimit)
+			}
+			if n := done.Load(); n == calls {
+				t.Errorf("the root finished all %d broadcasts of %d bytes before the receiver asked for one", calls, size)
+			} else {
+				t.Logf("the root got %d broadcasts ahead; %d bytes held", n, held)
+			}
+			for i := range calls {
+				got := make([]byte, size)
+				if err := comms[1].Broadcast(ctx, got, Uint8, 0); err != nil {
+					t.Fatalf("broadcast %d: %v", i, err)
+				}
+				if want := streamBytes(size, uint64(i)); !bytes.Equal(got, want) {
+					t.Fatalf("broadcast %d: %s", i, firstDiff(got, want))
+				}
+			}
+			if err := <-rootErr; err != nil {
+				t.Fatal(err)
+			}
+		})
 	}
 }

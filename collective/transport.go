@@ -125,6 +125,9 @@ type transport struct {
 	wg      sync.WaitGroup
 	bufs    bufferPool
 	reqs    reqPool
+	// anyWanted counts the AnySource receives waiting (guarded by mu):
+	// any peer's frame may be what one of them waits for.
+	anyWanted int
 }
 
 // peer is the transport's view of one other rank. Fields other than dial
@@ -135,6 +138,12 @@ type peer struct {
 	in     atomic.Pointer[inConn] // set under the mutex; read without it by spinning ops and the poller
 	inErr  error                  // why the incoming connection ended: nothing more will come
 	outErr error                  // why the outgoing one did: nothing more can be sent
+
+	// Guarded by the transport's mutex: the bytes of this peer's frames
+	// read before anyone asked for them (held, in mailboxes or being
+	// read), and the receives posted for its frames, still waiting
+	// (wanted). inConn.begin stops reading ahead on them (heldLimit).
+	held, wanted int
 }
 
 // newTransport listens and publishes this rank's addresses; hostID names
