@@ -137,12 +137,9 @@ func (o *op) allReducePairSingleCopy(buf []byte) error {
 		if err := o.readFrom(peer, g, theirs, theirs.of(buf)); err != nil {
 			return err
 		}
-		o.signalConsumed(g)
-		if err := o.awaitShared(peer, o.region(peer).consumed, g, true); err != nil {
-			return err
-		}
+		err := o.consumeAll(g)
 		runtime.KeepAlive(buf)
-		return nil
+		return err
 	})
 }
 

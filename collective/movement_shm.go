@@ -81,16 +81,9 @@ func (o *op) broadcastSingleCopy(buf []byte, root int) error {
 			}
 		}
 		o.signalReduced(g)
-		o.signalConsumed(g)
-		for peer := range n {
-			if peer != me {
-				if err := o.awaitShared(peer, o.region(peer).consumed, g, true); err != nil {
-					return err
-				}
-			}
-		}
+		err := o.consumeAll(g)
 		runtime.KeepAlive(buf)
-		return nil
+		return err
 	})
 }
 
@@ -286,16 +279,9 @@ func (o *op) allGatherSingleCopy(out, in []byte) error {
 				return err
 			}
 		}
-		o.signalConsumed(g)
-		for peer := range n {
-			if peer != me {
-				if err := o.awaitShared(peer, o.region(peer).consumed, g, true); err != nil {
-					return err
-				}
-			}
-		}
+		err := o.consumeAll(g)
 		runtime.KeepAlive(in)
-		return nil
+		return err
 	})
 }
 

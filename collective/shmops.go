@@ -101,6 +101,21 @@ func (o *op) signalConsumed(g uint32) {
 	o.c.shm.signal(o.c.rank, o.self().consumed, g)
 }
 
+// consumeAll says this rank is done with block g and waits until every
+// peer is too: then none reads the buffer this rank published for g
+// (publish) any more, and the call may return it to its caller.
+func (o *op) consumeAll(g uint32) error {
+	o.signalConsumed(g)
+	for peer := range o.c.size() {
+		if peer != o.c.rank {
+			if err := o.awaitShared(peer, o.region(peer).consumed, g, true); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
 // awaitArrivals waits until every peer not checked yet has published this
 // call, and checks it.
 func (o *op) awaitArrivals() error {
