@@ -172,10 +172,10 @@ func (t *transport) takePostedLocked(key boxKey, h *header) *recvReq {
 	return nil
 }
 
-// heldLimit bounds how many bytes of a peer's collective frames a rank
-// reads before anyone asks for them, while no receive waits for that
-// peer: beyond it the rest stays in the socket, and the sender waits, as
-// TCP's flow control makes it. Without a bound, a sender that runs ahead
+// heldLimit bounds the bytes of a peer's frames (of any kind) that a rank
+// holds unasked-for before it stops reading that peer's collective
+// frames, while no receive waits for the peer: the rest stays in the
+// socket, and the sender waits, as TCP's flow control makes it. Without a bound, a sender that runs ahead
 // (a broadcast's root calling in a loop) filled the receiver's memory
 // without end, 1 GB in 6 seconds of 1 MiB broadcasts, and the receiver
 // spent 43% of its time in the kernel faulting in and zeroing the fresh
