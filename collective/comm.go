@@ -10,6 +10,7 @@ import (
 	"hash/fnv"
 	"os"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -43,6 +44,11 @@ type TCPOptions struct {
 	// TCPOnly is Transport "tcp", as is GORUN_TCP_ONLY=1 (kept for
 	// scripts that set it).
 	TCPOnly bool
+	// Streams is how many TCP connections each way this rank asks for
+	// with each peer on another host (or with every peer, when TCP is
+	// forced), 1 to 16; a pair uses the fewer of what its two ends ask.
+	// It overrides GORUN_TCP_STREAMS; the default is 4.
+	Streams int
 
 	// hostID overrides the host identity, as GORUN_HOST_ID does: tests
 	// give ranks of one process different ones to make a job that spans
@@ -68,6 +74,7 @@ type TCPOptions struct {
 type config struct {
 	algo      algorithm // forced by GORUN_ALGO; algoAuto chooses by size
 	segment   int
+	streams   int // TCP streams each way asked of each peer
 	yieldSpin time.Duration
 }
 
@@ -107,7 +114,11 @@ func NewTCP(ctx context.Context, store rendezvous.Store, rank, size int, opts TC
 	if err != nil {
 		return nil, err
 	}
-	cfg := config{algo: algo, segment: cmp.Or(opts.segment, defaultSegment), yieldSpin: cmp.Or(opts.yieldSpin, awaitYieldSpin)}
+	streams, err := parseStreams(opts.Streams, getenv("GORUN_TCP_STREAMS"))
+	if err != nil {
+		return nil, err
+	}
+	cfg := config{algo: algo, segment: cmp.Or(opts.segment, defaultSegment), streams: streams, yieldSpin: cmp.Or(opts.yieldSpin, awaitYieldSpin)}
 	mode := opts.Transport
 	if mode == "" {
 		mode = getenv("GORUN_TRANSPORT")
@@ -133,10 +144,15 @@ func NewTCP(ctx context.Context, store rendezvous.Store, rank, size int, opts TC
 	if err != nil {
 		return nil, err
 	}
-	hosts, err := t.hostIDs(ctx)
+	infos, err := t.peerInfo(ctx)
 	if err != nil {
 		t.close()
 		return nil, err
+	}
+	t.setLanes(infos)
+	hosts := make([]string, size)
+	for i, info := range infos {
+		hosts[i] = info.hostID
 	}
 	local := sameHost(hosts, rank)
 	slot := opts.shmSlot
@@ -172,6 +188,24 @@ func NewTCP(ctx context.Context, store rendezvous.Store, rank, size int, opts TC
 		}
 	}
 	return world, nil
+}
+
+// parseStreams reads the TCP streams asked for: n when set, else the
+// environment's GORUN_TCP_STREAMS, else defaultStreams.
+func parseStreams(n int, env string) (int, error) {
+	if n == 0 {
+		if env = strings.TrimSpace(env); env == "" {
+			return defaultStreams, nil
+		}
+		var err error
+		if n, err = strconv.Atoi(env); err != nil {
+			return 0, fmt.Errorf("collective: GORUN_TCP_STREAMS=%q is not a number of streams (1 to %d)", env, maxStreams)
+		}
+	}
+	if n < 1 || n > maxStreams {
+		return 0, fmt.Errorf("collective: %d TCP streams per peer: want 1 to %d", n, maxStreams)
+	}
+	return n, nil
 }
 
 // connectAll dials every peer at once.
@@ -407,10 +441,11 @@ func (c *comm) tellOthers(err error, label string) {
 func (t *transport) sendControl(dst int, h *header, payload []byte) {
 	ctx, cancel := context.WithTimeout(t.life, abortTimeout)
 	defer cancel()
-	oc, err := t.outgoing(ctx, dst)
+	conns, err := t.outgoing(ctx, dst)
 	if err != nil {
 		return
 	}
+	oc := conns[0] // control frames take lane 0
 	r := &sendReq{payload: payload, done: make(chan struct{}, 1)}
 	h.encode(&r.hdr)
 	oc.enqueue(r, false)

@@ -27,8 +27,9 @@ import (
 // context switch per message on the cores the ops need, which cost as
 // much as the message itself.
 type inConn struct {
-	t   *transport
-	src int // world rank of the sender
+	t    *transport
+	src  int // world rank of the sender
+	lane int // which of its connections to us this is
 
 	mu     sync.Mutex
 	fd     int  // a non-blocking socket, read only with mu held
@@ -62,7 +63,7 @@ var errHeldBack = errors.New("collective: read ahead as far as allowed")
 // newInConn takes over c's socket: it duplicates the descriptor and
 // closes c, which takes it out of the runtime's poller (no FIN goes:
 // the duplicate keeps the socket open).
-func newInConn(t *transport, src int, c net.Conn) (*inConn, error) {
+func newInConn(t *transport, src, lane int, c net.Conn) (*inConn, error) {
 	raw, err := rawConn(c)
 	if err != nil {
 		return nil, err
@@ -79,7 +80,7 @@ func newInConn(t *transport, src int, c net.Conn) (*inConn, error) {
 		unix.Close(fd)
 		return nil, err
 	}
-	return &inConn{t: t, src: src, fd: fd, buf: make([]byte, readBufferSize)}, nil
+	return &inConn{t: t, src: src, lane: lane, fd: fd, buf: make([]byte, readBufferSize)}, nil
 }
 
 // poll reads what has come, unless someone else is reading; an op calls
@@ -116,7 +117,7 @@ func (ic *inConn) retire(err error) {
 	closedNow := ic.t.poller.drop(ic)
 	ic.mu.Unlock()
 	if closedNow {
-		ic.t.lostIncoming(ic.src, err)
+		ic.t.lostIncoming(ic.src, ic.lane, err)
 	}
 }
 
@@ -286,7 +287,7 @@ func (ic *inConn) begin() error {
 		return fmt.Errorf("collective: unexpected frame kind %d", h.kind)
 	}
 	t := ic.t
-	key := h.boxKey(ic.src)
+	key := h.boxKey(ic.src, ic.lane)
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if t.retired[h.comm] {
@@ -330,7 +331,7 @@ func (ic *inConn) end() {
 		t.mu.Unlock()
 	case f != nil:
 		ic.frame = nil
-		key := h.boxKey(ic.src)
+		key := h.boxKey(ic.src, ic.lane)
 		t.mu.Lock()
 		// A receive may have been posted while we read.
 		if r := t.takePostedLocked(key, &h); r != nil {

@@ -8,7 +8,7 @@ import (
 )
 
 // Frames are demultiplexed into mailboxes, one per (communicator, sender,
-// channel): the collectives of a communicator share one channel (their
+// lane, channel): the collectives of a communicator share one channel (their
 // sequence numbers keep them apart), each send/recv tag has its own. A
 // mailbox holds either frames nobody asked for yet or receives posted
 // before their frame came, never both: a frame meeting a posted receive
@@ -20,13 +20,15 @@ const anySource = -1
 type boxKey struct {
 	comm uint64
 	src  int // world rank, or anySource
+	lane int // the connection from src it comes on (transport.lane)
 	p2p  bool
 	tag  int32
 }
 
-// boxKey is the mailbox of a data frame with header h from world rank src.
-func (h *header) boxKey(src int) boxKey {
-	return boxKey{comm: h.comm, src: src, p2p: h.coll == collSend, tag: h.tag}
+// boxKey is the mailbox of a data frame with header h from world rank src
+// on lane.
+func (h *header) boxKey(src, lane int) boxKey {
+	return boxKey{comm: h.comm, src: src, lane: lane, p2p: h.coll == collSend, tag: h.tag}
 }
 
 type mailbox struct {
@@ -56,6 +58,7 @@ const (
 type recvReq struct {
 	want header
 	src  int
+	lane int // the connection from src its frame comes on
 	peer int // comm rank of src, for errors
 	buf  []byte
 
@@ -161,7 +164,7 @@ func (t *transport) takePostedLocked(key boxKey, h *header) *recvReq {
 		t.unwantLocked(key.src, 1)
 		return popFront(&box.posted)
 	}
-	if key.p2p && h.offset == 0 {
+	if key.p2p && h.offset == 0 && key.lane == 0 {
 		anyKey := key
 		anyKey.src = anySource
 		if box := t.boxes[anyKey]; box != nil && len(box.posted) > 0 {
@@ -260,7 +263,7 @@ func (t *transport) post(r *recvReq, key boxKey, members []int) {
 			t.fillLocked(r, popFront(&b.frames), key.src)
 			return
 		}
-		if err := t.peers[key.src].inErr; err != nil {
+		if err := t.peers[key.src].inErr[key.lane]; err != nil {
 			r.cause = err
 			r.complete()
 			return
@@ -306,11 +309,12 @@ func (t *transport) cancel(r *recvReq, key boxKey) reqState {
 	return state
 }
 
-// failPostedLocked fails every receive waiting on src, whose connection
-// ended with err.
-func (t *transport) failPostedLocked(src int, err error) {
+// failPostedLocked fails every receive waiting on src on a lane whose
+// connection ended (peer.inErr).
+func (t *transport) failPostedLocked(src int) {
 	for key, b := range t.boxes {
-		if key.src != src {
+		err := t.peers[src].inErr[key.lane]
+		if key.src != src || err == nil {
 			continue
 		}
 		for _, r := range b.posted {

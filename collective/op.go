@@ -51,18 +51,17 @@ func (o *op) spans(i, n int) []span { return o.c.spanScratch(i, n) }
 // new requests in order.
 func (o *op) expect(peer int, buf []byte, off int) []*recvReq {
 	start := len(o.recvs)
-	src := o.c.world[peer]
-	key := o.key(src)
+	t, src := o.c.t, o.c.world[peer]
 	seg := o.segment()
 	for lo := 0; ; lo += seg {
 		hi := min(lo+seg, len(buf))
-		r := o.c.t.reqs.recv()
+		r := t.reqs.recv()
 		r.want = o.hdr
 		r.want.offset = uint64(off + lo)
 		r.want.length = uint32(hi - lo)
-		r.src, r.peer, r.buf = src, peer, buf[lo:hi]
+		r.src, r.lane, r.peer, r.buf = src, t.lane(src, &r.want), peer, buf[lo:hi]
 		o.recvs = append(o.recvs, r)
-		o.c.t.post(r, key, nil)
+		t.post(r, o.key(r), nil)
 		if hi == len(buf) {
 			break
 		}
@@ -78,18 +77,20 @@ func (o *op) expectAny(buf []byte) *recvReq {
 	r.want.length = uint32(min(len(buf), o.segment()))
 	r.src, r.peer, r.buf = anySource, AnySource, buf[:r.want.length]
 	o.recvs = append(o.recvs, r)
-	o.c.t.post(r, o.key(anySource), o.c.world)
+	o.c.t.post(r, o.key(r), o.c.world)
 	return r
 }
 
-func (o *op) key(src int) boxKey {
-	return o.hdr.boxKey(src)
+// key is the mailbox r waits in.
+func (o *op) key(r *recvReq) boxKey {
+	return o.hdr.boxKey(r.src, r.lane)
 }
 
 // send queues buf for peer in segments, each frame saying it belongs at
 // offset off (plus the segment's position) of the logical buffer.
 func (o *op) send(peer int, buf []byte, off int) error {
-	oc, err := o.c.t.outgoing(o.ctx, o.c.world[peer])
+	dst := o.c.world[peer]
+	conns, err := o.c.t.outgoing(o.ctx, dst)
 	if err != nil {
 		if o.ctx.Err() != nil {
 			return o.timedOut("connecting to", []int{peer})
@@ -104,6 +105,7 @@ func (o *op) send(peer int, buf []byte, off int) error {
 		h.offset = uint64(off + lo)
 		h.length = uint32(hi - lo)
 		h.encode(&r.hdr)
+		oc := conns[o.c.t.lane(dst, &h)]
 		r.payload, r.peer, r.conn = buf[lo:hi], peer, oc
 		o.sends = append(o.sends, r)
 		oc.enqueue(r, true)
@@ -147,46 +149,62 @@ func (o *op) await(r *recvReq) error {
 // poll takes r's token if it comes soon, spinning: a frame from a peer
 // that keeps pace arrives within microseconds, sooner than a goroutine
 // parked on the channel would be woken to take it. While it spins it
-// reads r's connection itself (inConn.poll) and writes its own frames
-// (drive), yielding the core every few looks (on a machine with more
-// ranks than cores, the peer may need it to send what we wait for: at 4
-// ranks on 2 cores this halved an 8-byte all_reduce), until no byte has
-// moved for awaitYieldSpin. Without a connection to read (shared memory,
-// AnySource, not connected yet) it spins only for awaitSpin and only when
-// other threads can run the transport's poller meanwhile (GOMAXPROCS > 1).
-// It stops early when the op's context ends or the communicator fails.
+// reads r's sender's connections itself (inConn.poll; all its lanes, as
+// the frames after r's are on their way on the others) and writes its own
+// frames (drive), yielding the core every few looks (on a machine with
+// more ranks than cores, the peer may need it to send what we wait for:
+// at 4 ranks on 2 cores this halved an 8-byte all_reduce), until no byte
+// has moved for awaitYieldSpin. Without a connection to read (shared
+// memory, AnySource, not connected yet) it spins only for awaitSpin and
+// only when other threads can run the transport's poller meanwhile
+// (GOMAXPROCS > 1). It stops early when the op's context ends or the
+// communicator fails.
 func (o *op) poll(r *recvReq) bool {
 	select {
 	case <-r.done:
 		return true
 	default:
 	}
-	ic := o.c.t.incoming(r.src)
-	if ic == nil && !o.c.t.spin {
+	t := o.c.t
+	var lanes [maxStreams]*inConn
+	conns := lanes[:0]
+	if r.src >= 0 {
+		for lane := range t.peers[r.src].lanes {
+			if ic := t.incoming(r.src, lane); ic != nil {
+				conns = append(conns, ic)
+			}
+		}
+	}
+	if len(conns) == 0 && !t.spin {
 		return false
 	}
 	limit := awaitSpin
-	if ic != nil {
+	if len(conns) > 0 {
 		limit = o.c.cfg.yieldSpin
-		ic.spin()
-		defer ic.unspin()
+		for _, ic := range conns {
+			ic.spin()
+		}
+		defer unspinAll(conns)
 	}
-	start, moved := time.Now(), o.c.t.moved.Load()
+	reading := len(conns) > 0
+	start, moved := time.Now(), t.moved.Load()
 	for i := 1; ; i++ {
 		select {
 		case <-r.done:
 			return true
 		default:
 		}
-		if ic != nil && !ic.poll() {
-			ic, limit = nil, awaitSpin // failed: the poller reports why
+		for _, ic := range conns {
+			if reading && !ic.poll() {
+				reading, limit = false, awaitSpin // failed: the poller reports why
+			}
 		}
 		o.drive()
 		if i%8 == 0 {
 			// The limit counts from the last byte moved, not from the
 			// start: a write of a megabyte into a loopback socket can take
 			// a millisecond, and parking then only adds wake-ups.
-			if m := o.c.t.moved.Load(); m != moved {
+			if m := t.moved.Load(); m != moved {
 				start, moved = time.Now(), m
 			}
 			select {
@@ -199,10 +217,16 @@ func (o *op) poll(r *recvReq) bool {
 			switch spun := time.Since(start); {
 			case spun >= limit:
 				return false
-			case ic != nil:
-				o.c.t.yield()
+			case reading:
+				t.yield()
 			}
 		}
+	}
+}
+
+func unspinAll(conns []*inConn) {
+	for _, ic := range conns {
+		ic.unspin()
 	}
 }
 
@@ -352,10 +376,10 @@ func (o *op) withdraw() {
 		if r.consumed {
 			continue
 		}
-		switch t.cancel(r, o.key(r.src)) {
+		switch t.cancel(r, o.key(r)) {
 		case reqFilling:
-			src := r.src
-			waitOrCut(r.done, func() { t.dropIncoming(src) })
+			src, lane := r.src, r.lane
+			waitOrCut(r.done, func() { t.dropIncoming(src, lane) })
 		case reqDone:
 			<-r.done
 		}
@@ -400,7 +424,7 @@ func (o *op) awaitCause(err error) {
 		}
 		t.mu.Lock()
 		p := &t.peers[src]
-		ended, connected := p.inErr != nil, p.in.Load() != nil
+		ended, connected := p.inErr[0] != nil, p.in[0].Load() != nil // notes come on lane 0
 		t.mu.Unlock()
 		if (ended || !connected) && time.Since(start) >= unconnectedWait {
 			return

@@ -40,15 +40,18 @@ func (p *poller) add(ic *inConn) error {
 	if ic.closed {
 		return ErrClosed
 	}
-	return p.set.add(ic.fd, ic.src)
+	return p.set.add(ic.fd, pollKey(ic))
 }
+
+// pollKey names ic in the poll set: its sender and lane.
+func pollKey(ic *inConn) int { return ic.src*maxStreams + ic.lane }
 
 // arm asks for ic's next readiness event; one pending now comes at once.
 // ic.mu is held, so that a closed descriptor, whose number may have been
 // reused, is never touched.
 func (p *poller) arm(ic *inConn) {
 	if !ic.closed {
-		p.set.arm(ic.fd, ic.src)
+		p.set.arm(ic.fd, pollKey(ic))
 	}
 }
 
@@ -70,8 +73,10 @@ func (p *poller) wake(ic *inConn) {
 // wakeAll arms every idle connection: an op is about to park.
 func (p *poller) wakeAll() {
 	for i := range p.t.peers {
-		if ic := p.t.peers[i].in.Load(); ic != nil {
-			p.wake(ic)
+		for lane := range p.t.peers[i].in {
+			if ic := p.t.peers[i].in[lane].Load(); ic != nil {
+				p.wake(ic)
+			}
 		}
 	}
 }
@@ -95,8 +100,8 @@ func (p *poller) run() {
 			p.t.log.Error().Err(err).Msg("waiting for sockets failed")
 			time.Sleep(time.Millisecond)
 		}
-		for _, src := range ready {
-			if ic := p.t.peers[src].in.Load(); ic != nil {
+		for _, key := range ready {
+			if ic := p.t.peers[key/maxStreams].in[key%maxStreams].Load(); ic != nil {
 				p.service(ic)
 			}
 		}
@@ -178,10 +183,12 @@ func (p *poller) interrupt() { p.set.interrupt() }
 // transport is closed: no connection is added after.
 func (p *poller) shut() {
 	for i := range p.t.peers {
-		if ic := p.t.peers[i].in.Load(); ic != nil {
-			ic.mu.Lock()
-			p.drop(ic)
-			ic.mu.Unlock()
+		for lane := range p.t.peers[i].in {
+			if ic := p.t.peers[i].in[lane].Load(); ic != nil {
+				ic.mu.Lock()
+				p.drop(ic)
+				ic.mu.Unlock()
+			}
 		}
 	}
 	p.set.close()

@@ -316,7 +316,7 @@ func TestIdleConnectionStillRead(t *testing.T) {
 			receiver := comms[1].(*comm).t
 			// Spin until the poller has left rank 0's connection idle.
 			idle := func() bool {
-				ic := receiver.incoming(0)
+				ic := receiver.incoming(0, 0)
 				return ic != nil && ic.idle.Load()
 			}
 			restLeft := func(what string) {
@@ -585,10 +585,10 @@ func TestGarbageReadBySpinningOpFailsReceive(t *testing.T) {
 	comms := testWorld(t, 2, TCPOptions{Transport: "unix", yieldSpin: time.Minute})
 	tr := comms[1].(*comm).t
 	conn := impostor(t, comms[1], 2)
-	if !waitFor(5*time.Second, func() bool { return tr.incoming(0) != nil }) {
+	if !waitFor(5*time.Second, func() bool { return tr.incoming(0, 0) != nil }) {
 		t.Fatal("no inConn")
 	}
-	ic := tr.incoming(0)
+	ic := tr.incoming(0, 0)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	errc := make(chan error, 1)
@@ -618,18 +618,18 @@ func TestCloseWhileFillingFailsReceive(t *testing.T) {
 	defer cancel()
 	errc := make(chan error, 1)
 	go func() {
-		_, err := comms[1].Recv(ctx, make([]byte, 1<<20), Uint8, 0, 7)
+		_, err := comms[1].Recv(ctx, make([]byte, defaultSegment), Uint8, 0, 7) // one frame
 		errc <- err
 	}()
 	if !waitFor(5*time.Second, func() bool { return tr.parked.Load() > 0 }) {
 		t.Fatal("never parked")
 	}
-	frame := sendFrame(7, make([]byte, 1<<20))
+	frame := sendFrame(7, make([]byte, defaultSegment))
 	conn.Write(frame[:len(frame)/2])
-	if !waitFor(5*time.Second, func() bool { return tr.incoming(0) != nil }) {
+	if !waitFor(5*time.Second, func() bool { return tr.incoming(0, 0) != nil }) {
 		t.Fatal("the connection was never accepted")
 	}
-	ic := tr.incoming(0)
+	ic := tr.incoming(0, 0)
 	filling := func() bool {
 		ic.mu.Lock()
 		defer ic.mu.Unlock()
@@ -666,7 +666,7 @@ func TestSmallSendHonoursContextWhenPeerStopsReading(t *testing.T) {
 	if _, err := comms[1].Recv(ctx, make([]byte, 8), Uint8, 0, 0); err != nil {
 		t.Fatal(err)
 	}
-	ic := comms[1].(*comm).t.incoming(0)
+	ic := comms[1].(*comm).t.incoming(0, 0)
 	ic.mu.Lock() // nobody on rank 1 can read now
 	unlocked := false
 	defer func() {

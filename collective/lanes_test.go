@@ -1,0 +1,144 @@
+package collective
+
+import (
+	"context"
+	"net"
+	"strings"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/gorun/gorun/rendezvous"
+)
+
+func TestParseStreams(t *testing.T) {
+	for _, tc := range []struct {
+		n    int
+		env  string
+		want int
+		err  string
+	}{
+		{0, "", defaultStreams, ""},
+		{0, "2", 2, ""},
+		{0, " 16 ", 16, ""},
+		{3, "9", 3, ""}, // the option wins
+		{0, "0", 0, "want 1 to 16"},
+		{0, "17", 0, "want 1 to 16"},
+		{0, "four", 0, `GORUN_TCP_STREAMS="four" is not a number`},
+		{-1, "", 0, "want 1 to 16"},
+	} {
+		got, err := parseStreams(tc.n, tc.env)
+		if tc.err != "" {
+			if err == nil || !strings.Contains(err.Error(), tc.err) {
+				t.Errorf("parseStreams(%d, %q) = %d, %v; want an error saying %q", tc.n, tc.env, got, err, tc.err)
+			}
+			continue
+		}
+		if err != nil || got != tc.want {
+			t.Errorf("parseStreams(%d, %q) = %d, %v; want %d", tc.n, tc.env, got, err, tc.want)
+		}
+	}
+}
+
+// A bad GORUN_TCP_STREAMS fails NewTCP, saying what was wrong.
+func TestBadStreamsEnvironment(t *testing.T) {
+	store := rendezvous.NewMemoryStore(time.Second)
+	getenv := func(k string) string {
+		if k == "GORUN_TCP_STREAMS" {
+			return "-3"
+		}
+		return ""
+	}
+	c, err := NewTCP(context.Background(), store, 0, 1, TCPOptions{Host: "127.0.0.1", getenv: getenv})
+	if err == nil {
+		c.Close()
+		t.Fatal("NewTCP accepted GORUN_TCP_STREAMS=-3")
+	}
+	if !strings.Contains(err.Error(), "-3 TCP streams per peer: want 1 to 16") {
+		t.Fatalf("got %v", err)
+	}
+}
+
+// TestStreamsPerPeer: over TCP each pair of ranks talks over as many
+// connections each way as the fewer of its two ends asks for, and large
+// messages move bytes on every one of them (the kernel's own count), with
+// every collective still right.
+func TestStreamsPerPeer(t *testing.T) {
+	asked := []int{4, 2, 3}
+	comms := testWorldOf(t, len(asked), func(r int) TCPOptions {
+		return TCPOptions{TCPOnly: true, Streams: asked[r]}
+	})
+	// 1 MiB per rank and peer in an all_to_all: four segments each.
+	checkMovement(t, comms, Float32, 3<<18, 11)
+	checkReductions(t, comms, Float32, Sum, 3<<18, 12)
+	for r, c := range comms {
+		tr := c.(*comm).t
+		for p := range comms {
+			if p == r {
+				continue
+			}
+			want := min(asked[r], asked[p])
+			if got := tr.peers[p].lanes; got != want {
+				t.Errorf("rank %d: %d lanes with rank %d; want %d", r, got, p, want)
+			}
+			for lane := range maxStreams {
+				ic := tr.incoming(p, lane)
+				switch {
+				case lane >= want && ic != nil:
+					t.Errorf("rank %d: a connection from rank %d on lane %d of %d", r, p, lane, want)
+				case lane < want && ic == nil:
+					t.Errorf("rank %d: no connection from rank %d on lane %d of %d", r, p, lane, want)
+				case ic != nil:
+					info, err := unix.GetsockoptTCPInfo(ic.fd, unix.IPPROTO_TCP, unix.TCP_INFO)
+					if err != nil {
+						t.Fatal(err)
+					}
+					if info.Bytes_received < 256<<10 {
+						t.Errorf("rank %d: lane %d from rank %d carried %d bytes; want a segment at least", r, lane, p, info.Bytes_received)
+					}
+				}
+			}
+		}
+	}
+}
+
+// Ranks on one host talk over one Unix socket each way, whatever they ask.
+func TestOneStreamOnOneHost(t *testing.T) {
+	comms := testWorld(t, 2, TCPOptions{Transport: "unix", Streams: 8})
+	checkMovement(t, comms, Float32, 1<<18, 13)
+	for r, c := range comms {
+		tr := c.(*comm).t
+		if got := tr.peers[1-r].lanes; got != 1 {
+			t.Errorf("rank %d: %d lanes; want 1", r, got)
+		}
+		if tr.incoming(1-r, 1) != nil {
+			t.Errorf("rank %d: a second connection from its peer", r)
+		}
+	}
+}
+
+// A hello naming a lane out of range, or one already connected, is
+// refused: the connection is closed, and the ranks go on.
+func TestBadLaneHelloRefused(t *testing.T) {
+	comms := testWorld(t, 2, TCPOptions{TCPOnly: true, Streams: 2})
+	checkMovement(t, comms, Float32, 1<<18, 14) // both lanes connected
+	for _, lane := range []int{maxStreams, -1, 0, 1} {
+		c, err := net.Dial("tcp", comms[1].(*comm).t.ln.Addr().String())
+		if err != nil {
+			t.Fatal(err)
+		}
+		var b [headerSize]byte
+		h := header{kind: kindHello, root: 0, count: 2, tag: int32(lane)}
+		h.encode(&b)
+		if _, err := c.Write(b[:]); err != nil {
+			t.Fatal(err)
+		}
+		c.SetReadDeadline(time.Now().Add(10 * time.Second))
+		if n, err := c.Read(make([]byte, 1)); n != 0 || err == nil || isTimeout(err) {
+			t.Errorf("hello on lane %d: read %d bytes, %v; want the connection closed", lane, n, err)
+		}
+		c.Close()
+	}
+	checkMovement(t, comms, Float32, 1<<18, 15)
+}
