@@ -84,9 +84,10 @@ func newInConn(t *transport, src, lane int, c net.Conn) (*inConn, error) {
 }
 
 // poll reads what has come, unless someone else is reading; an op calls
-// it while it spins for a frame. It reports false once the connection
-// has failed, and reports why to the transport itself.
-func (ic *inConn) poll() bool {
+// it while it spins for a frame, having just found the socket readable
+// or not (readableSockets). It reports false once the connection has
+// failed, and reports why to the transport itself.
+func (ic *inConn) poll(readable bool) bool {
 	for {
 		if !ic.mu.TryLock() {
 			return true
@@ -95,7 +96,7 @@ func (ic *inConn) poll() bool {
 		switch {
 		case ic.closed:
 			err = net.ErrClosed
-		case ic.heldBack() || readable(ic.fd):
+		case readable || ic.heldBack():
 			err = ic.pump()
 		}
 		if err != errWouldBlock && err != errHeldBack {

@@ -167,10 +167,12 @@ func (o *op) poll(r *recvReq) bool {
 	}
 	t := o.c.t
 	var lanes [maxStreams]*inConn
+	var fds [maxStreams]int
 	conns := lanes[:0]
 	if r.src >= 0 {
 		for lane := range t.peers[r.src].lanes {
 			if ic := t.incoming(r.src, lane); ic != nil {
+				fds[len(conns)] = ic.fd
 				conns = append(conns, ic)
 			}
 		}
@@ -194,9 +196,13 @@ func (o *op) poll(r *recvReq) bool {
 			return true
 		default:
 		}
-		for _, ic := range conns {
-			if reading && !ic.poll() {
-				reading, limit = false, awaitSpin // failed: the poller reports why
+		if reading {
+			ready := readableSockets(fds[:len(conns)])
+			for i, ic := range conns {
+				if !ic.poll(ready&(1<<i) != 0) {
+					reading, limit = false, awaitSpin // failed: the poller reports why
+					break
+				}
 			}
 		}
 		o.drive()
@@ -301,9 +307,12 @@ func (o *op) park() {
 func (o *op) unpark() { o.c.t.parked.Add(-1) }
 
 // drive writes the op's queued frames as far as their sockets take them
-// now (outConn.drive).
+// now (outConn.drive), trying each connection once: a message's frames
+// take a peer's lanes in turn, and a full socket refuses the second try
+// as it did the first.
 func (o *op) drive() {
-	var last *outConn
+	var driven [maxStreams]*outConn // the first connections tried
+	n := 0
 	for i := o.unsent; i < len(o.sends); i++ {
 		s := o.sends[i]
 		if s.consumed || len(s.done) > 0 {
@@ -312,10 +321,14 @@ func (o *op) drive() {
 			}
 			continue
 		}
-		if s.conn != last {
-			last = s.conn
-			last.drive()
+		if slices.Contains(driven[:n], s.conn) {
+			continue
 		}
+		if n < len(driven) {
+			driven[n] = s.conn
+			n++
+		}
+		s.conn.drive()
 	}
 }
 

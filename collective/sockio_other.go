@@ -11,11 +11,23 @@ import (
 // The non-blocking socket calls of sockio_linux.go, made the portable
 // way.
 
-// readable reports whether fd has data (or an error) to read.
-func readable(fd int) bool {
-	pfd := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}
-	n, err := unix.Poll(pfd, 0)
-	return err != nil || n != 0
+// readableSockets reports which of fds have data (or an error) to read:
+// bit i for fds[i].
+func readableSockets(fds []int) uint32 {
+	var pfds [maxStreams]unix.PollFd
+	for i, fd := range fds {
+		pfds[i] = unix.PollFd{Fd: int32(fd), Events: unix.POLLIN}
+	}
+	if _, err := unix.Poll(pfds[:len(fds)], 0); err != nil {
+		return 1<<len(fds) - 1
+	}
+	var ready uint32
+	for i := range fds {
+		if pfds[i].Revents != 0 {
+			ready |= 1 << i
+		}
+	}
+	return ready
 }
 
 // readNonblocking is read(2) on a non-blocking descriptor.
