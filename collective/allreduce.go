@@ -186,7 +186,7 @@ func (o *op) allReduceHalving(buf []byte) error {
 	for mask := p2 / 2; mask >= 1; mask /= 2 {
 		var keep span
 		keep, _, lo, hi = halve(mask, lo, hi)
-		o.expect(me^mask, scratch[landed:landed+keep.len], keep.off)
+		o.expectOperand(me^mask, scratch[landed:landed+keep.len], keep.off)
 		landed += keep.len
 	}
 	for mask, glo := 1, lo; mask < p2; mask *= 2 {

@@ -62,6 +62,12 @@ type recvReq struct {
 	peer int // comm rank of src, for errors
 	buf  []byte
 
+	// borrow: buf is scratch the op only reads, so a frame that came
+	// before r was posted may lend r its buffer instead of being copied
+	// (fillLocked); lent is that frame, back to the pool with r.
+	borrow bool
+	lent   *frame
+
 	state    reqState
 	from     int    // world rank that sent it
 	got      header // what came, when it was not want
@@ -278,13 +284,18 @@ func (t *transport) post(r *recvReq, key boxKey, members []int) {
 // fillLocked completes r from an unexpected frame f sent by src.
 func (t *transport) fillLocked(r *recvReq, f *frame, src int) {
 	r.from = src
-	if f.h != r.want {
+	t.releaseLocked(src, f)
+	switch {
+	case f.h != r.want:
 		r.got = f.h
 		r.mismatch = true
-	} else {
+	case r.borrow:
+		r.buf, r.lent = f.data, f
+		r.complete()
+		return
+	default:
 		copy(r.buf, f.data)
 	}
-	t.releaseLocked(src, f)
 	t.bufs.put(f)
 	r.complete()
 }

@@ -50,6 +50,17 @@ func (o *op) spans(i, n int) []span { return o.c.spanScratch(i, n) }
 // offset off of the logical buffer both sides agree on. It returns the
 // new requests in order.
 func (o *op) expect(peer int, buf []byte, off int) []*recvReq {
+	return o.expectInto(peer, buf, off, false)
+}
+
+// expectOperand is expect for scratch that the op only reads once the
+// receive is done, through the request's buf: a frame that came early
+// lends its buffer instead of being copied into scratch.
+func (o *op) expectOperand(peer int, scratch []byte, off int) []*recvReq {
+	return o.expectInto(peer, scratch, off, true)
+}
+
+func (o *op) expectInto(peer int, buf []byte, off int, borrow bool) []*recvReq {
 	start := len(o.recvs)
 	t, src := o.c.t, o.c.world[peer]
 	seg := o.segment()
@@ -59,7 +70,7 @@ func (o *op) expect(peer int, buf []byte, off int) []*recvReq {
 		r.want = o.hdr
 		r.want.offset = uint64(off + lo)
 		r.want.length = uint32(hi - lo)
-		r.src, r.lane, r.peer, r.buf = src, t.lane(src, &r.want), peer, buf[lo:hi]
+		r.src, r.lane, r.peer, r.buf, r.borrow = src, t.lane(src, &r.want), peer, buf[lo:hi], borrow
 		o.recvs = append(o.recvs, r)
 		t.post(r, o.key(r), nil)
 		if hi == len(buf) {
@@ -462,6 +473,9 @@ func waitOrCut(done chan struct{}, cut func()) {
 func (o *op) release() {
 	t := o.c.t
 	for _, r := range o.recvs {
+		if r.lent != nil {
+			t.bufs.put(r.lent)
+		}
 		t.reqs.putRecv(r)
 	}
 	for _, s := range o.sends {

@@ -51,7 +51,7 @@ func (o *op) ringReduceScatter(buf []byte, chunks []span) error {
 	var posted cursor
 	post := func(j int) {
 		p := at(posted)
-		pending[j%slots] = o.expect(prev, scratch[(j%slots)*seg:][:p.len], p.off)[0]
+		pending[j%slots] = o.expectOperand(prev, scratch[(j%slots)*seg:][:p.len], p.off)[0]
 		posted = advance(posted)
 	}
 	for j := range slots {

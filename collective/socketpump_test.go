@@ -760,3 +760,47 @@ func TestReadAheadIsBounded(t *testing.T) {
 		})
 	}
 }
+
+// TestEarlyFramesLendTheirBuffers: a rank that reaches an all_reduce late
+// finds its peer's first frames read ahead, and reduces from their
+// buffers instead of a copy (fillLocked). Three calls in a row, each late,
+// must all come out right: a lent buffer goes back to the pool only once
+// its op is done with it.
+func TestEarlyFramesLendTheirBuffers(t *testing.T) {
+	for _, algo := range []string{"ring", "rhd"} {
+		t.Run(algo, func(t *testing.T) {
+			comms := testWorld(t, 2, TCPOptions{TCPOnly: true, algo: algo, segment: 4 << 10})
+			ctx := testContext(t, 30*time.Second)
+			tr := comms[1].(*comm).t
+			const count = 64 << 10
+			for call := range 3 {
+				inputs := [2][]byte{make([]byte, 4*count), make([]byte, 4*count)}
+				for r := range inputs {
+					fill(inputs[r], Float32, uint64(call), r)
+				}
+				want := reference(t, inputs[:], Float32, Sum)
+				early := make(chan error, 1)
+				go func() { early <- comms[0].AllReduce(ctx, inputs[0], Float32, Sum) }()
+				held := func() bool {
+					tr.mu.Lock()
+					defer tr.mu.Unlock()
+					return tr.peers[0].held > 0
+				}
+				if !waitFor(10*time.Second, held) {
+					t.Fatalf("call %d: rank 0's frames were never read ahead", call)
+				}
+				if err := comms[1].AllReduce(ctx, inputs[1], Float32, Sum); err != nil {
+					t.Fatal(err)
+				}
+				if err := <-early; err != nil {
+					t.Fatal(err)
+				}
+				for r, got := range inputs {
+					if !bytes.Equal(got, want) {
+						t.Fatalf("call %d: rank %d: %s", call, r, firstDiff(got, want))
+					}
+				}
+			}
+		})
+	}
+}
