@@ -21,7 +21,7 @@ import (
 //	24 count   u64  the collective's element count (see call)
 //	32 offset  u64  where the payload goes in the receiver's buffer
 //	40 root    i32  root rank; in a hello, the sender's world rank
-//	44 tag     i32  send/recv tag
+//	44 tag     i32  send/recv tag; in a hello, the connection's lane
 //	48 length  u32  payload bytes
 //	52 spare   u32  zero
 //

@@ -34,9 +34,10 @@ import (
 // fewer of the two ends asked for). A data frame's lane follows from its
 // offset (transport.lane), so successive segments of a large message
 // travel side by side and each lane stays a FIFO stream that both ends
-// agree on. One loopback stream moves a message slower than several do:
-// a 1 MiB exchange between two ranks took 500 us on one stream and 300 on
-// four, the kernel copying into one socket while it copies out of another.
+// agree on. One loopback stream moves a message slower than several do,
+// the kernel copying into one socket while it copies out of another: on
+// 2 cores, two ranks' 1 MiB all_reduce took 529 us on one stream, 439 on
+// four; four ranks' 2.17 ms and 1.49 (defaultSegment has the frames).
 //
 // Like MPI's progress engine, an op moves its own bytes: while it waits it
 // reads its peer's socket (inconn.go) and writes its queued frames
@@ -394,7 +395,9 @@ func (t *transport) outgoing(ctx context.Context, dst int) ([]*outConn, error) {
 		}
 		if err != nil {
 			closeAll()
-			if ctx.Err() == nil {
+			// A context that ended leaves the next call free to dial
+			// again, unless lanes were connected: the peer saw them end.
+			if ctx.Err() == nil || lane > 0 {
 				t.mu.Lock()
 				if p.outErr == nil {
 					p.outErr = err
