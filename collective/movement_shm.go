@@ -296,13 +296,12 @@ const (
 	singleCopyBroadcastMin = 512 << 10
 	// singleCopyMaxRanks bounds the worlds whose all_gather reads peers'
 	// memory: a copy into a slot serves n-1 readers, and the kernel copies
-	// slower than memmove, so with more ranks the slots win (16 MiB on 4
-	// ranks: 3.4 ms through slots, 4.2 ms by single-copy reads; on 2 ranks
-	// 2.0 ms and 1.6 ms). Broadcast never reads peers' memory: its one
-	// reader on 2 ranks takes longer to read the root's buffer than the
-	// two overlapped copies through the slots (16 MiB: 1.7 ms against
-	// 1.3 ms).
-	singleCopyMaxRanks = 3
+	// slower than memmove, so with more ranks the slots win. Measured on
+	// 2 cores with data in the buffers (not zeros, which the slots' copies
+	// read from the cache): 16 MiB on 4 ranks, 4.1 ms through slots and
+	// 3.3 ms by single-copy reads (OpenMPI 4.0); on 8 ranks 13.5 ms and
+	// 16.4 ms.
+	singleCopyMaxRanks = 4
 	// singleCopyPiece is how much of the peer's operand a single-copy
 	// all_reduce reads into scratch before it reduces, to find it in the
 	// core's cache (64 KiB to 256 KiB measured alike; 1 MiB 35% slower).
