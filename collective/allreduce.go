@@ -211,14 +211,24 @@ func (o *op) allReduceHalving(buf []byte) error {
 			}
 			at := span{int(r.want.offset), len(r.buf)}
 			o.combineOrdered(at.of(buf), r.buf, partner)
+			if mask == 1 {
+				// The segment is final, and the all-gather's first round
+				// sends this block to this partner: send it now, while
+				// the next segment comes.
+				if err := o.send(partner, at.of(buf), at.off); err != nil {
+					return err
+				}
+			}
 		}
 		next += k
 	}
 	for mask := 1; mask < p2; mask *= 2 {
 		var mine, theirs span
 		mine, theirs, lo = double(mask, lo)
-		if err := o.send(me^mask, mine.of(buf), mine.off); err != nil {
-			return err
+		if mask > 1 { // mask 1's went segment by segment above
+			if err := o.send(me^mask, mine.of(buf), mine.off); err != nil {
+				return err
+			}
 		}
 		k := o.segments(theirs.len)
 		if err := o.awaitAll(o.recvs[next : next+k]); err != nil {
