@@ -250,6 +250,7 @@ type comm struct {
 	coll  op        // the collective in flight, reused
 	prev  header    // the last collective's frame template, for mismatch errors
 	spans [2][]span // the call's span lists, reused (spanScratch)
+	peers []int     // the call's list of peers, reused (peerScratch)
 
 	progress  atomic.Uint64 // the latest collective, for queries (packProgress)
 	waitingOn atomic.Int32  // the rank its op blocks on, or -1
@@ -292,6 +293,14 @@ func (t *transport) register(c *comm) error {
 		c.fail(note.errorFor(c.rank))
 	}
 	return nil
+}
+
+// peerScratch returns the call's list of n peers, for it to fill.
+func (c *comm) peerScratch(n int) []int {
+	if cap(c.peers) < n {
+		c.peers = make([]int, n)
+	}
+	return c.peers[:n]
 }
 
 // spanScratch returns span list i (0 or 1) of the call in flight, n

@@ -109,12 +109,12 @@ func (o *op) allGatherShared(out, in []byte, root int) error {
 				o.signalWritten(g)
 			}
 			if receives {
-				for i := range n - 1 {
-					peer := orderAfter(me, n, i)
-					if err := o.awaitWritten(peer, g); err != nil {
-						return err
-					}
+				err := o.eachWritten(g, func(peer int) error {
 					copyCached(out[peer*size+lo:][:len(block)], o.slotOf(peer, g))
+					return nil
+				})
+				if err != nil {
+					return err
 				}
 			}
 			o.signalConsumed(g)
@@ -217,11 +217,7 @@ func (o *op) allToAllShared(out, in []byte, sends, recvs []span) error {
 				// While the peers catch up.
 				copyCached(recvs[me].of(out), sends[me].of(in))
 			}
-			for i := range n - 1 {
-				peer := orderAfter(me, n, i)
-				if err := o.awaitWritten(peer, g); err != nil {
-					return err
-				}
+			err = o.eachWritten(g, func(peer int) error {
 				piece := recvs[peer]
 				if k == 0 {
 					theirs := o.region(peer)
@@ -240,6 +236,10 @@ func (o *op) allToAllShared(out, in []byte, sends, recvs []span) error {
 					w := window(piece, k, sub)
 					copyCached(w.of(out), o.slotOf(peer, g)[me*sub:])
 				}
+				return nil
+			})
+			if err != nil {
+				return err
 			}
 			o.signalConsumed(g)
 		}
@@ -263,23 +263,20 @@ func (o *op) allToAllShared(out, in []byte, sends, recvs []span) error {
 // its out (readPeer), one copy per byte instead of two, and waits until
 // every peer has read its own before returning.
 func (o *op) allGatherSingleCopy(out, in []byte) error {
-	n, me, size := o.c.size(), o.c.rank, len(in)
+	me, size := o.c.rank, len(in)
 	return o.runShared(func(s *shmWorld) error {
 		g := s.next()
 		if err := o.publish(g, in); err != nil {
 			return err
 		}
 		copyCached(out[me*size:], in)
-		for i := range n - 1 {
-			peer := orderAfter(me, n, i)
-			if err := o.awaitWritten(peer, g); err != nil {
-				return err
-			}
-			if err := o.readFrom(peer, g, span{0, size}, out[peer*size:][:size]); err != nil {
-				return err
-			}
+		err := o.eachWritten(g, func(peer int) error {
+			return o.readFrom(peer, g, span{0, size}, out[peer*size:][:size])
+		})
+		if err != nil {
+			return err
 		}
-		err := o.consumeAll(g)
+		err = o.consumeAll(g)
 		runtime.KeepAlive(in)
 		return err
 	})

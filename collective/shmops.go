@@ -101,6 +101,36 @@ func (o *op) signalConsumed(g uint32) {
 	o.c.shm.signal(o.c.rank, o.self().consumed, g)
 }
 
+// eachWritten calls each for every peer once the peer's block g is
+// written, taking whichever is ready first (in orderAfter's order among
+// those) and waiting for the first of the rest when none is: with more
+// ranks than cores, a peer off its core then delays only its own piece.
+func (o *op) eachWritten(g uint32, each func(peer int) error) error {
+	n, me := o.c.size(), o.c.rank
+	left := o.c.peerScratch(n - 1)
+	for i := range left {
+		left[i] = orderAfter(me, n, i)
+	}
+	for len(left) > 0 {
+		pick := 0
+		for i, peer := range left {
+			if reached(o.region(peer).written.Load(), g) {
+				pick = i
+				break
+			}
+		}
+		peer := left[pick]
+		if err := o.awaitWritten(peer, g); err != nil {
+			return err
+		}
+		if err := each(peer); err != nil {
+			return err
+		}
+		left = append(left[:pick], left[pick+1:]...)
+	}
+	return nil
+}
+
 // consumeAll says this rank is done with block g and waits until every
 // peer is too: then none reads the buffer this rank published for g
 // (publish) any more, and the call may return it to its caller.
