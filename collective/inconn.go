@@ -80,7 +80,11 @@ func newInConn(t *transport, src, lane int, c net.Conn) (*inConn, error) {
 		unix.Close(fd)
 		return nil, err
 	}
-	return &inConn{t: t, src: src, lane: lane, fd: fd, buf: make([]byte, readBufferSize)}, nil
+	size := readBufferSize
+	if lane > 0 {
+		size = laneBufferSize
+	}
+	return &inConn{t: t, src: src, lane: lane, fd: fd, buf: make([]byte, size)}, nil
 }
 
 // poll reads what has come, unless someone else is reading; an op calls
@@ -174,7 +178,7 @@ func (ic *inConn) pump() error {
 		}
 		// The buffer is empty: a large remainder goes straight from the
 		// socket to its destination.
-		if ic.dst != nil && need >= readBufferSize/4 {
+		if ic.dst != nil && need >= len(ic.buf)/4 {
 			n, err := ic.read(ic.dst[ic.got:])
 			if err != nil {
 				return err

@@ -74,6 +74,12 @@ const (
 	// payload of at least a quarter of it is read into its destination
 	// directly.
 	readBufferSize = 32 << 10
+	// laneBufferSize is the read buffer of the other lanes, which carry
+	// only the later segments of large messages (transport.lane): their
+	// headers, the rest read into place. A rank talking to a thousand
+	// peers on four lanes holds 128 MiB of buffers at 32 KiB each, 44 MiB
+	// this way.
+	laneBufferSize = 4 << 10
 	// socketBufferSize is asked of the kernel for both directions of a
 	// Unix socket, so a pipelined segment or two fits in flight.
 	socketBufferSize = 4 << 20
