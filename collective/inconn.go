@@ -53,6 +53,32 @@ type inConn struct {
 	idle     atomic.Bool  // the poller left it unarmed (poller.service)
 }
 
+// socketSet is the sockets a spinning op reads, at most maxStreams, for
+// one system call to say which have something (readable): bit i of its
+// answer for the i-th added. A socket may have been closed since, and its
+// number reused; the reads that follow check, so a wrong answer costs
+// only a look.
+type socketSet struct {
+	fds [maxStreams]unix.PollFd
+	n   int
+}
+
+func (s *socketSet) add(fd int) {
+	s.fds[s.n] = unix.PollFd{Fd: int32(fd), Events: unix.POLLIN}
+	s.n++
+}
+
+// ready collects the answer of a poll that found n sockets ready.
+func (s *socketSet) ready(n int) uint32 {
+	var bits uint32
+	for i := range s.fds[:s.n] {
+		if n > 0 && s.fds[i].Revents != 0 {
+			bits |= 1 << i
+		}
+	}
+	return bits
+}
+
 // errWouldBlock says the socket is empty for now.
 var errWouldBlock = errors.New("collective: no data yet")
 
@@ -89,7 +115,7 @@ func newInConn(t *transport, src, lane int, c net.Conn) (*inConn, error) {
 
 // poll reads what has come, unless someone else is reading; an op calls
 // it while it spins for a frame, having just found the socket readable
-// or not (readableSockets). It reports false once the connection has
+// or not (socketSet.readable). It reports false once the connection has
 // failed, and reports why to the transport itself.
 func (ic *inConn) poll(readable bool) bool {
 	for {

@@ -178,12 +178,12 @@ func (o *op) poll(r *recvReq) bool {
 	}
 	t := o.c.t
 	var lanes [maxStreams]*inConn
-	var fds [maxStreams]int
+	var sockets socketSet
 	conns := lanes[:0]
 	if r.src >= 0 {
 		for lane := range t.peers[r.src].lanes {
 			if ic := t.incoming(r.src, lane); ic != nil {
-				fds[len(conns)] = ic.fd
+				sockets.add(ic.fd)
 				conns = append(conns, ic)
 			}
 		}
@@ -208,9 +208,9 @@ func (o *op) poll(r *recvReq) bool {
 		default:
 		}
 		if reading {
-			ready := readableSockets(fds[:len(conns)])
-			for i, ic := range conns {
-				if !ic.poll(ready&(1<<i) != 0) {
+			ready := sockets.readable()
+			for k, ic := range conns {
+				if !ic.poll(ready&(1<<k) != 0) {
 					reading, limit = false, awaitSpin // failed: the poller reports why
 					break
 				}

@@ -17,29 +17,16 @@ import (
 // scheduler like ordinary computation; it delays a stop-the-world pause
 // by at most one copy of a socket buffer.
 
-// readableSockets asks the kernel which of fds (at most 16) have data,
-// or an error, to read: bit i of the result for fds[i]. Unlike a read, it
-// takes no socket's lock: a spinning op reads only once something came,
-// and does not slow the sender's delivery. The descriptors may have been
-// closed (and their numbers reused) meanwhile; the reads that follow
-// check, so a wrong answer costs only a look.
-func readableSockets(fds []int) uint32 {
-	var pfds [maxStreams]unix.PollFd
-	for i, fd := range fds {
-		pfds[i] = unix.PollFd{Fd: int32(fd), Events: unix.POLLIN}
-	}
+// readable asks the kernel which of s's sockets have data, or an error,
+// to read. Unlike a read, it takes no socket's lock: a spinning op reads
+// only once something came, and does not slow the sender's delivery.
+func (s *socketSet) readable() uint32 {
 	var zero unix.Timespec // do not wait
-	n, _, errno := unix.RawSyscall(unix.SYS_PPOLL, uintptr(unsafe.Pointer(&pfds[0])), uintptr(len(fds)), uintptr(unsafe.Pointer(&zero)))
+	n, _, errno := unix.RawSyscall(unix.SYS_PPOLL, uintptr(unsafe.Pointer(&s.fds[0])), uintptr(s.n), uintptr(unsafe.Pointer(&zero)))
 	if errno != 0 {
-		return 1<<len(fds) - 1 // let the reads find out
+		return 1<<s.n - 1 // let the reads find out
 	}
-	var ready uint32
-	for i := range fds {
-		if n > 0 && pfds[i].Revents != 0 {
-			ready |= 1 << i
-		}
-	}
-	return ready
+	return s.ready(int(n))
 }
 
 // readNonblocking is read(2) on a non-blocking descriptor.

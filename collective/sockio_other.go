@@ -11,23 +11,13 @@ import (
 // The non-blocking socket calls of sockio_linux.go, made the portable
 // way.
 
-// readableSockets reports which of fds have data (or an error) to read:
-// bit i for fds[i].
-func readableSockets(fds []int) uint32 {
-	var pfds [maxStreams]unix.PollFd
-	for i, fd := range fds {
-		pfds[i] = unix.PollFd{Fd: int32(fd), Events: unix.POLLIN}
+// readable reports which of s's sockets have data, or an error, to read.
+func (s *socketSet) readable() uint32 {
+	n, err := unix.Poll(s.fds[:s.n], 0)
+	if err != nil {
+		return 1<<s.n - 1
 	}
-	if _, err := unix.Poll(pfds[:len(fds)], 0); err != nil {
-		return 1<<len(fds) - 1
-	}
-	var ready uint32
-	for i := range fds {
-		if pfds[i].Revents != 0 {
-			ready |= 1 << i
-		}
-	}
-	return ready
+	return s.ready(n)
 }
 
 // readNonblocking is read(2) on a non-blocking descriptor.
