@@ -1,14 +1,18 @@
-"""Store throughput: torch 1.13's own TCPStore clients, from Python threads,
-doing set, get and add against torch's TCPStore server and against gorun's
-(bench/storeserver, the server every gorun agent hosts), each server in its
-own process, interleaved round by round.
+"""Store throughput: torch 1.13's own TCPStore clients doing set, get and
+add against torch's TCPStore server and against gorun's (bench/storeserver,
+the server every gorun agent hosts), each server in its own process,
+interleaved round by round.
 
-Every client is one TCPStore connection driven by its own thread (torch's
-store calls release the GIL). A run spreads a fixed number of operations
-evenly over the clients, starts them together, and counts until the last
-one is done; a set has no reply in torch 1.13's protocol, so each set
-client ends with one round trip (num_keys) and is counted only once the
-server has applied its sets. Values are 32 bytes, about a rank's address.
+Every client is one TCPStore connection in its own process, forked from
+this one once torch is imported, as every rank of a job is its own
+process. Python threads would share one GIL: their figures then say how
+the server's wake-ups fall against the GIL's hand-offs (the clients spent
+3x the CPU per set against a server that sleeps between requests), not
+how fast it serves. A run spreads a fixed number of operations evenly over
+the clients, starts them together, and counts until the last one is done;
+a set has no reply in torch 1.13's protocol, so each set client ends with
+one round trip (num_keys) and is counted only once the server has applied
+its sets. Values are 32 bytes, about a rank's address.
 
     /usr/bin/python3 bench/store.py            # this section alone
     /usr/bin/python3 bench/store.py --serve-torch   # torch's server, prints its address
@@ -68,43 +72,63 @@ def count_for(clients, quick):
 
 
 def load(port, op, clients, total):
-    """Runs total operations of op over clients connections; returns ops/s."""
+    """Runs total operations of op over clients connections, one process
+    each; returns ops/s."""
+    import multiprocessing
+
+    import torch.distributed  # noqa: F401 (once, here, not in every client)
+
+    ctx = multiprocessing.get_context("fork")
+    per = [total // clients + (1 if i < total % clients else 0) for i in range(clients)]
+    ready = ctx.Barrier(clients + 1, timeout=TIMEOUT.total_seconds())
+    done = ctx.Barrier(clients + 1, timeout=TIMEOUT.total_seconds())
+    errors = ctx.SimpleQueue()
+    procs = [ctx.Process(target=client, args=(port, op, i, per[i], ready, done, errors)) for i in range(clients)]
+    for p in procs:
+        p.start()
+    try:
+        ready.wait()
+        begin = time.perf_counter()
+        done.wait()
+        elapsed = time.perf_counter() - begin
+    except threading.BrokenBarrierError:
+        elapsed = None
+    for p in procs:
+        p.join()
+    if not errors.empty() or elapsed is None:
+        failures = []
+        while not errors.empty():
+            failures.append(errors.get())
+        sys.exit(f"store: {op} with {clients} clients on port {port} failed: " + ("; ".join(failures[:3]) or "a client died"))
+    return total / elapsed
+
+
+def client(port, op, i, count, ready, done, errors):
+    """One client process: connects, waits for the others, runs count
+    operations of op, and waits for the rest to finish."""
     import torch.distributed as dist
 
-    stores = [dist.TCPStore("127.0.0.1", port, None, False, TIMEOUT) for _ in range(clients)]
-    stores[0].set("bench/get", VALUE)
-    per = [total // clients + (1 if i < total % clients else 0) for i in range(clients)]
-    errors = []
-    go = threading.Barrier(clients + 1)
-
-    def client(i, store):
-        try:
-            go.wait()
-            if op == "set":
-                key = f"bench/set/{i}"
-                for _ in range(per[i]):
-                    store.set(key, VALUE)
-                store.num_keys()  # a round trip: the server applied the sets
-            elif op == "get":
-                for _ in range(per[i]):
-                    store.get("bench/get")
-            else:
-                for _ in range(per[i]):
-                    store.add("bench/add", 1)
-        except Exception as e:  # reported below, with the client that failed
-            errors.append(f"client {i}: {e}")
-
-    threads = [threading.Thread(target=client, args=(i, s)) for i, s in enumerate(stores)]
-    for t in threads:
-        t.start()
-    go.wait()
-    begin = time.perf_counter()
-    for t in threads:
-        t.join()
-    elapsed = time.perf_counter() - begin
-    if errors:
-        sys.exit(f"store: {op} with {clients} clients on port {port} failed: " + "; ".join(errors[:3]))
-    return total / elapsed
+    try:
+        store = dist.TCPStore("127.0.0.1", port, None, False, TIMEOUT)
+        if i == 0:
+            store.set("bench/get", VALUE)
+        ready.wait()
+        if op == "set":
+            key = f"bench/set/{i}"
+            for _ in range(count):
+                store.set(key, VALUE)
+            store.num_keys()  # a round trip: the server applied the sets
+        elif op == "get":
+            for _ in range(count):
+                store.get("bench/get")
+        else:
+            for _ in range(count):
+                store.add("bench/add", 1)
+        done.wait()
+    except Exception as e:  # reported by load, with the client that failed
+        errors.put(f"client {i}: {e!r}")
+        ready.abort()
+        done.abort()
 
 
 def run(rounds, quick=False, clients_list=CLIENTS):
@@ -131,7 +155,7 @@ def run(rounds, quick=False, clients_list=CLIENTS):
 def render(results, rounds, clients_list=CLIENTS):
     """The markdown table: median ops/s per server and gorun's ratio."""
     lines = [
-        f"### Store: ops/s from torch 1.13's TCPStore clients (Python threads), median of {rounds} rounds",
+        f"### Store: ops/s from torch 1.13's TCPStore clients (one process each), median of {rounds} rounds",
         "",
         "| op | clients | gorun | torch | gorun/torch |",
         "|---|---|---|---|---|",
