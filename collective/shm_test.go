@@ -343,3 +343,32 @@ func TestSharedMemoryBroadcastSingleCopy(t *testing.T) {
 		})
 	}
 }
+
+// TestSharedMemoryFirstWritten: a rank waiting for several peers' blocks
+// takes the one that is written, not the first in its order; when none
+// is, it settles for the first after spinning.
+func TestSharedMemoryFirstWritten(t *testing.T) {
+	comms := testWorld(t, 4, TCPOptions{})
+	c := comms[0].(*comm)
+	o := &op{}
+	o.reset(c, testContext(t, 5*time.Second), header{kind: kindData, comm: worldID, coll: collAllGather, algo: algoShm, seq: 1})
+	regions := c.t.shm.regions
+	g := regions[1].written.Load() + 1
+	peers := []int{1, 2, 3}
+
+	start := time.Now()
+	if got := o.firstWritten(peers, g); got != 0 {
+		t.Fatalf("with no peer written, firstWritten = %d, want 0 (the first)", got)
+	}
+	if spun := time.Since(start); spun < shmSpin {
+		t.Fatalf("with no peer written, firstWritten gave up after %v, before shmSpin (%v)", spun, shmSpin)
+	}
+	regions[3].written.Store(g)
+	if got := o.firstWritten(peers, g); got != 2 {
+		t.Fatalf("with only rank 3 written, firstWritten = %d, want 2", got)
+	}
+	regions[2].written.Store(g)
+	if got := o.firstWritten(peers, g); got != 1 {
+		t.Fatalf("with ranks 2 and 3 written, firstWritten = %d, want 1 (the first of them)", got)
+	}
+}

@@ -1,5 +1,7 @@
 package collective
 
+import "time"
+
 // The steps every shared-memory collective is made of. A collective runs
 // as blocks; block stamps count blocks across the world's calls, so every
 // rank must run as many blocks per call as the others (they derive the
@@ -103,8 +105,8 @@ func (o *op) signalConsumed(g uint32) {
 
 // eachWritten calls each for every peer once the peer's block g is
 // written, taking whichever is ready first (in orderAfter's order among
-// those) and waiting for the first of the rest when none is: with more
-// ranks than cores, a peer off its core then delays only its own piece.
+// those): with more ranks than cores, a peer off its core then delays
+// only its own piece.
 func (o *op) eachWritten(g uint32, each func(peer int) error) error {
 	n, me := o.c.size(), o.c.rank
 	left := o.c.peerScratch(n - 1)
@@ -112,13 +114,7 @@ func (o *op) eachWritten(g uint32, each func(peer int) error) error {
 		left[i] = orderAfter(me, n, i)
 	}
 	for len(left) > 0 {
-		pick := 0
-		for i, peer := range left {
-			if reached(o.region(peer).written.Load(), g) {
-				pick = i
-				break
-			}
-		}
+		pick := o.firstWritten(left, g)
 		peer := left[pick]
 		if err := o.awaitWritten(peer, g); err != nil {
 			return err
@@ -129,6 +125,34 @@ func (o *op) eachWritten(g uint32, each func(peer int) error) error {
 		left = append(left[:pick], left[pick+1:]...)
 	}
 	return nil
+}
+
+// firstWritten returns the index in peers of the first that has written
+// block g. While none has, it looks at them all, as awaitShared looks at
+// one: polling, then yielding the core between looks for up to shmSpin.
+// Then it settles for the first (its caller waits for it), since a futex
+// sleeps on one word. Waiting on the first alone cost a 1 MiB all_to_all
+// of 4 ranks on 2 cores a sixth of its time (350 against 296 us):
+// another peer was ready while it was not.
+func (o *op) firstWritten(peers []int, g uint32) int {
+	var start time.Time
+	for look := 1; ; look++ {
+		for i, peer := range peers {
+			if reached(o.region(peer).written.Load(), g) {
+				return i
+			}
+		}
+		if look < shmPolls/len(peers) {
+			continue
+		}
+		if start.IsZero() {
+			o.handoff() // nobody drives our sockets while we wait here
+			start = time.Now()
+		} else if look%shmCheckEvery == 0 && time.Since(start) >= shmSpin {
+			return 0
+		}
+		o.yieldFor(peers[0])
+	}
 }
 
 // consumeAll says this rank is done with block g and waits until every

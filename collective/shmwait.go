@@ -56,19 +56,27 @@ func (o *op) awaitShared(peer int, word *atomic.Uint32, stamp uint32, current bo
 				futexWait(word, v, shmNap)
 			}
 			region.sleepers.Add(^uint32(0)) // minus one
-		} else if s.inProcess[peer] {
-			runtime.Gosched() // the peer is a goroutine
 		} else {
-			// Not runtime.Gosched: it wakes an idle P's thread to look
-			// for work, which on a machine with few cores takes one from
-			// a peer. The transport's goroutines run on the other Ps, or
-			// on this one once we sleep.
-			yieldProcessor()
+			o.yieldFor(peer)
 		}
 		if reached(word.Load(), stamp) {
 			return o.checkSharedPeer(peer, current)
 		}
 	}
+}
+
+// yieldFor gives the core away for a moment to whatever peer must run
+// for us to go on.
+func (o *op) yieldFor(peer int) {
+	if o.c.shm.inProcess[peer] {
+		runtime.Gosched() // the peer is a goroutine
+		return
+	}
+	// Not runtime.Gosched: it wakes an idle P's thread to look for work,
+	// which on a machine with few cores takes one from a peer. The
+	// transport's goroutines run on the other Ps, or on this one once we
+	// sleep.
+	yieldProcessor()
 }
 
 // checkPeerAlive fails the op when waiting for peer is hopeless: the
