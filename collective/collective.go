@@ -146,7 +146,8 @@ type Comm interface {
 	ReduceScatter(ctx context.Context, out, in []byte, dt DType, op Op, counts []int) error
 	// AllToAll sends the i-th slice of in (sendCounts[i] elements) to rank
 	// i and receives rank i's slice for us into the i-th slice of out
-	// (recvCounts[i] elements).
+	// (recvCounts[i] elements). Like ReduceScatter, it keeps no count list
+	// once it returns: callers reuse theirs.
 	AllToAll(ctx context.Context, out, in []byte, dt DType, sendCounts, recvCounts []int) error
 	// Barrier returns once every rank has entered it.
 	Barrier(ctx context.Context) error

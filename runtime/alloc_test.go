@@ -8,16 +8,50 @@ import (
 )
 
 // blockingCalls are the blocking collectives whose steady state must not
-// allocate: the small, latency-bound calls a training loop makes every
-// step, run inline on the caller's goroutine.
+// allocate: the calls on single tensors a training loop makes every step,
+// run inline on the caller's goroutine. Each gives the call to repeat on
+// buffers of its own, for a world of 2 ranks.
 var blockingCalls = []struct {
 	name string
-	call func(ctx context.Context, pg *ProcessGroup, t Tensor) error
+	call func() func(ctx context.Context, pg *ProcessGroup) error
 }{
-	{"all_reduce", func(ctx context.Context, pg *ProcessGroup, t Tensor) error { return pg.AllReduce(ctx, t, Sum) }},
-	{"broadcast", func(ctx context.Context, pg *ProcessGroup, t Tensor) error { return pg.Broadcast(ctx, t, 1) }},
-	{"reduce", func(ctx context.Context, pg *ProcessGroup, t Tensor) error { return pg.Reduce(ctx, t, 0, Max) }},
-	{"barrier", func(ctx context.Context, pg *ProcessGroup, _ Tensor) error { return pg.Barrier(ctx) }},
+	{"all_reduce", func() func(context.Context, *ProcessGroup) error {
+		x := Of([]float32{1, 2})
+		return func(ctx context.Context, pg *ProcessGroup) error { return pg.AllReduce(ctx, x, Sum) }
+	}},
+	{"broadcast", func() func(context.Context, *ProcessGroup) error {
+		x := Of([]float32{1, 2})
+		return func(ctx context.Context, pg *ProcessGroup) error { return pg.Broadcast(ctx, x, 1) }
+	}},
+	{"reduce", func() func(context.Context, *ProcessGroup) error {
+		x := Of([]float32{1, 2})
+		return func(ctx context.Context, pg *ProcessGroup) error { return pg.Reduce(ctx, x, 0, Max) }
+	}},
+	{"barrier", func() func(context.Context, *ProcessGroup) error {
+		return func(ctx context.Context, pg *ProcessGroup) error { return pg.Barrier(ctx) }
+	}},
+	{"all_gather_into_tensor", func() func(context.Context, *ProcessGroup) error {
+		in, out := Of([]float32{1, 2}), Of(make([]float32, 4))
+		return func(ctx context.Context, pg *ProcessGroup) error { return pg.AllGatherInto(ctx, out, in) }
+	}},
+	{"reduce_scatter_tensor", func() func(context.Context, *ProcessGroup) error {
+		in, out := Of([]float32{1, 2, 3, 4}), Of(make([]float32, 2))
+		return func(ctx context.Context, pg *ProcessGroup) error { return pg.ReduceScatterFrom(ctx, out, in, Sum) }
+	}},
+	{"all_to_all_single", func() func(context.Context, *ProcessGroup) error {
+		in, out := Of([]float32{1, 2}), Of(make([]float32, 2))
+		return func(ctx context.Context, pg *ProcessGroup) error { return pg.AllToAllSingle(ctx, out, in, nil, nil) }
+	}},
+	{"all_to_all_single/splits", func() func(context.Context, *ProcessGroup) error {
+		in, out := Of([]float32{1, 2, 3}), Of(make([]float32, 3))
+		splits := []int{1, 2}
+		return func(ctx context.Context, pg *ProcessGroup) error {
+			if pg.Rank() == 1 {
+				return pg.AllToAllSingle(ctx, out, in, []int{2, 1}, []int{2, 1})
+			}
+			return pg.AllToAllSingle(ctx, out, in, splits, splits)
+		}
+	}},
 }
 
 // mallocsDuring returns the heap allocations the process makes while f
@@ -48,17 +82,17 @@ func TestBlockingCollectiveAllocatesNothing(t *testing.T) {
 			fewest := ^uint64(0)
 			onTCPRanks(t, 2, func(pg *ProcessGroup) error {
 				ctx := context.Background()
-				x := Of([]float32{1, 2})
+				call := c.call()
 				loop := func() error {
 					for range calls {
-						if err := c.call(ctx, pg, x); err != nil {
+						if err := call(ctx, pg); err != nil {
 							return err
 						}
 					}
 					return nil
 				}
 				for range warm {
-					if err := c.call(ctx, pg, x); err != nil {
+					if err := call(ctx, pg); err != nil {
 						return err
 					}
 				}
@@ -99,9 +133,9 @@ func BenchmarkBlockingCollective(b *testing.B) {
 		b.Run(c.name, func(b *testing.B) {
 			onTCPRanks(b, 2, func(pg *ProcessGroup) error {
 				ctx := context.Background()
-				x := Of([]float32{1, 2})
+				call := c.call()
 				for range 50 {
-					if err := c.call(ctx, pg, x); err != nil {
+					if err := call(ctx, pg); err != nil {
 						return err
 					}
 				}
@@ -113,7 +147,7 @@ func BenchmarkBlockingCollective(b *testing.B) {
 					b.ResetTimer()
 				}
 				for range b.N {
-					if err := c.call(ctx, pg, x); err != nil {
+					if err := call(ctx, pg); err != nil {
 						return fmt.Errorf("%s: %w", c.name, err)
 					}
 				}

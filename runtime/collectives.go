@@ -13,11 +13,12 @@ import (
 // form returns its Work at once, and the tensors must be left alone until
 // the Work completes.
 //
-// The blocking forms of the small, latency-bound collectives on host
-// tensors first try runInline, which runs their host form on the
-// caller's goroutine when nothing is queued, allocating nothing; they
-// repeat the host form for it, as a closure the queue keeps must be
-// allocated, and one runInline calls need not be.
+// The blocking forms of the collectives on single host tensors first try
+// runInline, which runs their host form on the caller's goroutine when
+// nothing is queued, allocating nothing; they repeat the host form for
+// it, as a closure the queue keeps must be allocated, and one runInline
+// calls need not be. Their counts per rank go in the group's inline
+// scratch (inlineCounts), which only the call runInline runs touches.
 //
 // The implementation gives the operation's host form, on the group's
 // host communicator, and its device form, on the group's NCCL
@@ -307,6 +308,14 @@ func (pg *ProcessGroup) reduceScatter(ctx context.Context, out Tensor, in []Tens
 // rank's piece in rank order, each as long as out (torch's
 // reduce_scatter_tensor).
 func (pg *ProcessGroup) ReduceScatterFrom(ctx context.Context, out, in Tensor, op ReduceOp) error {
+	if ran, err := pg.runInline(ctx, "reduce_scatter_tensor", out.OnDevice() || in.OnDevice(),
+		func() error { return pg.checkReduceScatterFrom(out, in, op) },
+		func(ctx context.Context) error {
+			counts, _ := pg.inlineCounts()
+			return pg.comm.ReduceScatter(ctx, out.data, in.data, out.dtype, op, fillEven(counts, out.Len()))
+		}); ran {
+		return err
+	}
 	return pg.reduceScatterFrom(ctx, out, in, op).Wait(ctx)
 }
 
@@ -317,15 +326,17 @@ func (pg *ProcessGroup) ReduceScatterFromAsync(out, in Tensor, op ReduceOp) *Wor
 
 func (pg *ProcessGroup) reduceScatterFrom(ctx context.Context, out, in Tensor, op ReduceOp) *Work {
 	return pg.tensorOp(ctx, "reduce_scatter_tensor", operands{reads: []*Tensor{&in}, writes: []*Tensor{&out}},
-		func() error {
-			return firstError(checkReduce(out.dtype, op), checkDType("in", in, out.dtype), checkLen("in", in, pg.Size()*out.Len()))
-		},
+		func() error { return pg.checkReduceScatterFrom(out, in, op) },
 		func(ctx context.Context) error {
 			return pg.comm.ReduceScatter(ctx, out.data, in.data, out.dtype, op, repeat(out.Len(), pg.Size()))
 		},
 		func(ctx context.Context, c *cuda.Comm) ([]*cuda.Work, error) {
 			return one(c.ReduceScatter(ctx, in.ptr(), out.ptr(), repeat(out.Len(), pg.Size()), out.dtype, op))
 		})
+}
+
+func (pg *ProcessGroup) checkReduceScatterFrom(out, in Tensor, op ReduceOp) error {
+	return firstError(checkReduce(out.dtype, op), checkDType("in", in, out.dtype), checkLen("in", in, pg.Size()*out.Len()))
 }
 
 // AllToAll sends in[i] to rank i and receives rank i's tensor for us into
@@ -371,6 +382,14 @@ func (pg *ProcessGroup) allToAll(ctx context.Context, out, in []Tensor) *Work {
 // from rank i lands in out's i-th piece of outSplits[i] elements. A nil
 // split list cuts its tensor into equal pieces.
 func (pg *ProcessGroup) AllToAllSingle(ctx context.Context, out, in Tensor, outSplits, inSplits []int) error {
+	if ran, err := pg.runInline(ctx, "all_to_all_single", out.OnDevice() || in.OnDevice(),
+		func() error { return pg.checkAllToAllSingle(out, in, outSplits, inSplits) },
+		func(ctx context.Context) error {
+			recv, send := pg.inlineCounts()
+			return pg.comm.AllToAll(ctx, out.data, in.data, in.dtype, fillSplits(send, inSplits, in), fillSplits(recv, outSplits, out))
+		}); ran {
+		return err
+	}
 	return pg.allToAllSingle(ctx, out, in, outSplits, inSplits).Wait(ctx)
 }
 
@@ -380,18 +399,12 @@ func (pg *ProcessGroup) AllToAllSingleAsync(out, in Tensor, outSplits, inSplits 
 }
 
 func (pg *ProcessGroup) allToAllSingle(ctx context.Context, out, in Tensor, outSplits, inSplits []int) *Work {
-	var sendCounts, recvCounts []int
+	// The Work may run after the caller has changed its split lists.
+	size := pg.Size()
+	sendCounts := fillSplits(make([]int, size), inSplits, in)
+	recvCounts := fillSplits(make([]int, size), outSplits, out)
 	return pg.tensorOp(ctx, "all_to_all_single", operands{reads: []*Tensor{&in}, writes: []*Tensor{&out}},
-		func() (err error) {
-			if err = checkDType("out", out, in.dtype); err != nil {
-				return err
-			}
-			if recvCounts, err = pg.splits("outSplits", outSplits, out); err != nil {
-				return err
-			}
-			sendCounts, err = pg.splits("inSplits", inSplits, in)
-			return err
-		},
+		func() error { return pg.checkAllToAllSingle(out, in, outSplits, inSplits) },
 		func(ctx context.Context) error {
 			return pg.comm.AllToAll(ctx, out.data, in.data, in.dtype, sendCounts, recvCounts)
 		},
@@ -447,28 +460,70 @@ func (pg *ProcessGroup) checkList(name string, ts []Tensor, dt DType, n int) err
 
 // splits returns the element counts that cut t, the argument name's
 // tensor, into one piece per rank: given, or equal pieces when nil.
-func (pg *ProcessGroup) splits(name string, given []int, t Tensor) ([]int, error) {
+func (pg *ProcessGroup) checkSplits(name string, given []int, t Tensor) error {
 	size := pg.Size()
 	if given == nil {
 		if t.Len()%size != 0 {
-			return nil, invalid("%s is nil, but %d elements do not split evenly among %d ranks", name, t.Len(), size)
+			return invalid("%s is nil, but %d elements do not split evenly among %d ranks", name, t.Len(), size)
 		}
-		return repeat(t.Len()/size, size), nil
+		return nil
 	}
 	if len(given) != size {
-		return nil, invalid("%s has %d counts, want %d: one per rank", name, len(given), size)
+		return invalid("%s has %d counts, want %d: one per rank", name, len(given), size)
 	}
 	sum := 0
 	for i, n := range given {
 		if n < 0 {
-			return nil, invalid("%s[%d] is negative: %d", name, i, n)
+			return invalid("%s[%d] is negative: %d", name, i, n)
 		}
 		sum += n
 	}
 	if sum != t.Len() {
-		return nil, invalid("%s add up to %d elements, but the tensor has %d", name, sum, t.Len())
+		return invalid("%s add up to %d elements, but the tensor has %d", name, sum, t.Len())
 	}
-	return slices.Clone(given), nil
+	return nil
+}
+
+// checkAllToAllSingle checks AllToAllSingle's arguments.
+func (pg *ProcessGroup) checkAllToAllSingle(out, in Tensor, outSplits, inSplits []int) error {
+	if err := checkDType("out", out, in.dtype); err != nil {
+		return err
+	}
+	if err := pg.checkSplits("outSplits", outSplits, out); err != nil {
+		return err
+	}
+	return pg.checkSplits("inSplits", inSplits, in)
+}
+
+// fillSplits fills counts, one per rank, with the elements of t each
+// rank's piece holds: given's, or t's cut evenly when given is nil (as
+// checkSplits has allowed). A list the wrong length is left to the
+// argument check, which runs first.
+func fillSplits(counts, given []int, t Tensor) []int {
+	if given == nil {
+		return fillEven(counts, t.Len()/max(len(counts), 1))
+	}
+	copy(counts, given)
+	return counts
+}
+
+// fillEven sets every count to n.
+func fillEven(counts []int, n int) []int {
+	for i := range counts {
+		counts[i] = n
+	}
+	return counts
+}
+
+// inlineCounts returns the group's two count lists, one count per rank,
+// for the call runInline runs: only one runs at a time, and the lists
+// do not outlive it.
+func (pg *ProcessGroup) inlineCounts() (a, b []int) {
+	if pg.counts == nil {
+		pg.counts = make([]int, 2*pg.Size())
+	}
+	n := pg.Size()
+	return pg.counts[:n:n], pg.counts[n:]
 }
 
 func checkDType(name string, t Tensor, want DType) error {

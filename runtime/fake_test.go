@@ -240,7 +240,7 @@ func (c *fakeComm) AllToAll(ctx context.Context, out, in []byte, dt collective.D
 		data   []byte
 		counts []int
 	}
-	inputs, err := c.exchange(ctx, fmt.Sprintf("all_to_all(%s)", dt), piece{slices.Clone(in), sendCounts})
+	inputs, err := c.exchange(ctx, fmt.Sprintf("all_to_all(%s)", dt), piece{slices.Clone(in), slices.Clone(sendCounts)})
 	if err != nil {
 		return err
 	}

@@ -56,6 +56,9 @@ type ProcessGroup struct {
 
 	children int // groups split off so far; touched only by exec's goroutine
 
+	// counts is the scratch of the calls runInline runs (inlineCounts).
+	counts []int
+
 	mu        sync.Mutex
 	subgroups []*ProcessGroup // closed with this group
 	closing   bool            // Close has begun: subgroups adopted later close at once
