@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"runtime"
 	"strconv"
 	"strings"
 	"sync"
@@ -162,6 +163,9 @@ type shmWorld struct {
 	// processes.
 	cma  bool
 	pids []int
+	// polls is how many times a waiter looks before it yields the core
+	// (pollsFor).
+	polls int
 
 	mu     sync.Mutex
 	closed bool
@@ -276,7 +280,7 @@ func setupShm(ctx context.Context, store rendezvous.Store, members []int, me, sl
 		cma = cma && string(r) == "1c"
 	}
 	s := &shmWorld{slot: slot, segs: segs, regions: make([]shmRegion, size), checked: make([]bool, size),
-		inProcess: inProcess, pids: pids, cma: cma}
+		inProcess: inProcess, pids: pids, cma: cma, polls: pollsFor(size, runtime.NumCPU())}
 	for i, seg := range segs {
 		s.regions[i] = newShmRegion(seg.mem, slot, size)
 	}

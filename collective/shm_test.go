@@ -372,3 +372,16 @@ func TestSharedMemoryFirstWritten(t *testing.T) {
 		t.Fatalf("with ranks 2 and 3 written, firstWritten = %d, want 1 (the first of them)", got)
 	}
 }
+
+// TestPollsFor: waiters poll long only while every rank of the host has
+// a core to itself.
+func TestPollsFor(t *testing.T) {
+	for _, c := range []struct{ ranks, cpus, want int }{
+		{2, 2, shmPolls}, {2, 16, shmPolls}, {8, 8, shmPolls},
+		{3, 2, shmPollsCrowded}, {4, 2, shmPollsCrowded}, {16, 8, shmPollsCrowded},
+	} {
+		if got := pollsFor(c.ranks, c.cpus); got != c.want {
+			t.Errorf("pollsFor(%d ranks, %d cpus) = %d, want %d", c.ranks, c.cpus, got, c.want)
+		}
+	}
+}

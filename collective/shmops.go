@@ -142,7 +142,7 @@ func (o *op) firstWritten(peers []int, g uint32) int {
 				return i
 			}
 		}
-		if look < shmPolls/len(peers) {
+		if look < o.c.shm.polls/len(peers) {
 			continue
 		}
 		if start.IsZero() {
