@@ -458,8 +458,8 @@ func (pg *ProcessGroup) checkList(name string, ts []Tensor, dt DType, n int) err
 	return nil
 }
 
-// splits returns the element counts that cut t, the argument name's
-// tensor, into one piece per rank: given, or equal pieces when nil.
+// checkSplits checks given, the argument name: the element counts that
+// cut t into one piece per rank, or nil for equal pieces.
 func (pg *ProcessGroup) checkSplits(name string, given []int, t Tensor) error {
 	size := pg.Size()
 	if given == nil {
@@ -496,9 +496,8 @@ func (pg *ProcessGroup) checkAllToAllSingle(out, in Tensor, outSplits, inSplits 
 }
 
 // fillSplits fills counts, one per rank, with the elements of t each
-// rank's piece holds: given's, or t's cut evenly when given is nil (as
-// checkSplits has allowed). A list the wrong length is left to the
-// argument check, which runs first.
+// rank's piece holds: given's, or t's cut evenly when given is nil. Lists
+// that checkSplits refuses give counts nobody uses.
 func fillSplits(counts, given []int, t Tensor) []int {
 	if given == nil {
 		return fillEven(counts, t.Len()/max(len(counts), 1))
