@@ -282,7 +282,7 @@ func TestForcedAlgorithms(t *testing.T) {
 	if testing.Short() || raceEnabled {
 		lengths = []int{0, 1, 7, 1000}
 	}
-	for _, algo := range []string{"ring", "rhd", "rd", "tree", "chain"} {
+	for _, algo := range []string{"ring", "rhd", "rd", "tree", "chain", "bruck"} {
 		for _, n := range []int{2, 3, 4, 5, 8} {
 			t.Run(fmt.Sprintf("%s/world=%d", algo, n), func(t *testing.T) {
 				// Over TCP: the other tests mostly take the same-host Unix sockets.

@@ -16,17 +16,50 @@ func (c *comm) AllGather(ctx context.Context, out, in []byte, dt DType) error {
 	if len(out) != c.size()*len(in) {
 		return fmt.Errorf("collective: all_gather: out holds %d bytes, want %d ranks x %d", len(out), c.size(), len(in))
 	}
-	algo := c.movementAlgorithm(algoRing)
+	algo := c.movementAlgorithm(c.allGatherAlgorithm(len(out)))
 	o, err := c.begin(ctx, header{coll: collAllGather, dtype: dt, algo: algo, count: uint64(len(in) / dt.Size())})
 	if err != nil {
 		return err
 	}
-	if algo == algoShm {
+	switch algo {
+	case algoShm:
 		return c.end(o, o.allGatherShared(out, in, -1))
+	case algoBruck:
+		return c.end(o, o.bruckAllGather(out, in))
 	}
 	chunks := fillEqualSpans(o.spans(0, c.size()), len(in))
 	copy(chunks[c.rank].of(out), in)
 	return c.end(o, o.ringAllGather(out, chunks))
+}
+
+// bruckAllGather gathers every rank's in into out in ceil(log2 n) rounds
+// (Bruck et al., 1997): a work buffer holds the blocks of ranks me,
+// me+1, ... in that order; in the round at distance d, rank me sends its
+// first min(d, n-d) blocks to rank me-d and appends as many from rank
+// me+d, so after the last round it holds all n, which it rotates into
+// place. The ring's n-1 steps each wait for a message; small gathers are
+// that wait.
+func (o *op) bruckAllGather(out, in []byte) error {
+	n, me, size := o.c.size(), o.c.rank, len(in)
+	work := o.scratch(len(out))
+	copy(work, in)
+	for d := 1; d < n; d *= 2 {
+		blocks := min(d, n-d) * size
+		from, to := (me+d)%n, (me-d+n)%n
+		r := o.expect(from, work[d*size:][:blocks], d*size)
+		// The receive lands past what we send, and the next round sends
+		// only what has landed.
+		if err := o.send(to, work[:blocks], d*size); err != nil {
+			return err
+		}
+		if err := o.awaitAll(r); err != nil {
+			return err
+		}
+	}
+	for i := range n {
+		copy(out[(me+i)%n*size:][:size], work[i*size:][:size])
+	}
+	return nil
 }
 
 // Gather concatenates every rank's in into root's out; every rank sends
