@@ -43,18 +43,25 @@ func (o *op) bruckAllGather(out, in []byte) error {
 	n, me, size := o.c.size(), o.c.rank, len(in)
 	work := o.scratch(len(out))
 	copy(work, in)
+	// Every round's receives are posted at once, each into its own part
+	// of work: a round's blocks then land in place even when they come
+	// before we reach it. They follow each other in o.recvs.
+	first := len(o.recvs)
+	for d := 1; d < n; d *= 2 {
+		o.expect((me+d)%n, work[d*size:][:min(d, n-d)*size], d*size)
+	}
 	for d := 1; d < n; d *= 2 {
 		blocks := min(d, n-d) * size
-		from, to := (me+d)%n, (me-d+n)%n
-		r := o.expect(from, work[d*size:][:blocks], d*size)
-		// The receive lands past what we send, and the next round sends
-		// only what has landed.
-		if err := o.send(to, work[:blocks], d*size); err != nil {
+		// What we send has landed (in earlier rounds), and no receive
+		// writes there.
+		if err := o.send((me-d+n)%n, work[:blocks], d*size); err != nil {
 			return err
 		}
-		if err := o.awaitAll(r); err != nil {
+		k := o.segments(blocks)
+		if err := o.awaitAll(o.recvs[first : first+k]); err != nil {
 			return err
 		}
+		first += k
 	}
 	for i := range n {
 		copy(out[(me+i)%n*size:][:size], work[i*size:][:size])
