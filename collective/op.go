@@ -217,7 +217,7 @@ func (o *op) poll(r *recvReq) bool {
 			}
 		}
 		o.drive()
-		if i%8 == 0 {
+		if i%spinLooks == 0 {
 			// The limit counts from the last byte moved, not from the
 			// start: a write of a megabyte into a loopback socket can take
 			// a millisecond, and parking then only adds wake-ups.
@@ -267,7 +267,7 @@ func (o *op) flush() error {
 		}
 		for j := 1; len(s.done) == 0; j++ {
 			o.drive()
-			if j%8 == 0 {
+			if j%spinLooks == 0 {
 				if time.Since(start) >= awaitYieldSpin {
 					break
 				}
