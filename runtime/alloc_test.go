@@ -8,7 +8,7 @@ import (
 )
 
 // blockingCalls are the blocking collectives whose steady state must not
-// allocate: the calls on single tensors a training loop makes every step,
+// allocate: the calls on host tensors a training loop makes every step,
 // run inline on the caller's goroutine. Each gives the call to repeat on
 // buffers of its own, for a world of 2 ranks.
 var blockingCalls = []struct {
@@ -41,6 +41,18 @@ var blockingCalls = []struct {
 	{"all_to_all_single", func() func(context.Context, *ProcessGroup) error {
 		in, out := Of([]float32{1, 2}), Of(make([]float32, 2))
 		return func(ctx context.Context, pg *ProcessGroup) error { return pg.AllToAllSingle(ctx, out, in, nil, nil) }
+	}},
+	{"all_gather", func() func(context.Context, *ProcessGroup) error {
+		in, out := Of([]float32{1, 2}), []Tensor{Of(make([]float32, 2)), Of(make([]float32, 2))}
+		return func(ctx context.Context, pg *ProcessGroup) error { return pg.AllGather(ctx, out, in) }
+	}},
+	{"reduce_scatter", func() func(context.Context, *ProcessGroup) error {
+		in, out := []Tensor{Of([]float32{1, 2}), Of([]float32{3, 4})}, Of(make([]float32, 2))
+		return func(ctx context.Context, pg *ProcessGroup) error { return pg.ReduceScatter(ctx, out, in, Sum) }
+	}},
+	{"all_to_all", func() func(context.Context, *ProcessGroup) error {
+		in, out := []Tensor{Of([]float32{1, 2}), Of([]float32{3, 4})}, []Tensor{Of(make([]float32, 2)), Of(make([]float32, 2))}
+		return func(ctx context.Context, pg *ProcessGroup) error { return pg.AllToAll(ctx, out, in) }
 	}},
 	{"all_to_all_single/splits", func() func(context.Context, *ProcessGroup) error {
 		in, out := Of([]float32{1, 2, 3}), Of(make([]float32, 3))

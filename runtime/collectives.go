@@ -13,12 +13,13 @@ import (
 // form returns its Work at once, and the tensors must be left alone until
 // the Work completes.
 //
-// The blocking forms of the collectives on single host tensors first try
+// The blocking forms of the collectives on host tensors first try
 // runInline, which runs their host form on the caller's goroutine when
 // nothing is queued, allocating nothing; they repeat the host form for
 // it, as a closure the queue keeps must be allocated, and one runInline
-// calls need not be. Their counts per rank go in the group's inline
-// scratch (inlineCounts), which only the call runInline runs touches.
+// calls need not be. Their counts per rank, and the list forms' staging,
+// go in the group's inline scratch (inlineCounts, inlineBytes), which
+// only the call runInline runs touches.
 //
 // The implementation gives the operation's host form, on the group's
 // host communicator, and its device form, on the group's NCCL
@@ -104,6 +105,18 @@ func (pg *ProcessGroup) reduce(ctx context.Context, t Tensor, root int, op Reduc
 // AllGather copies every rank's in into out[rank] on every rank; out
 // holds one tensor per rank, each of in's dtype and length.
 func (pg *ProcessGroup) AllGather(ctx context.Context, out []Tensor, in Tensor) error {
+	if ran, err := pg.runInline(ctx, "all_gather", in.OnDevice() || anyOnDevice(out),
+		func() error { return pg.checkList("out", out, in.dtype, in.Len()) },
+		func(ctx context.Context) error {
+			gathered := pg.inlineBytes(0, len(out)*len(in.data))
+			if err := pg.comm.AllGather(ctx, gathered, in.data, in.dtype); err != nil {
+				return err
+			}
+			unpack(out, gathered)
+			return nil
+		}); ran {
+		return err
+	}
 	return pg.allGather(ctx, out, in).Wait(ctx)
 }
 
@@ -261,6 +274,14 @@ func (pg *ProcessGroup) scatter(ctx context.Context, out Tensor, in []Tensor, ro
 // per rank, of out's dtype; their lengths may differ, but every rank must
 // pass the same lengths, and in[rank] must be as long as out.
 func (pg *ProcessGroup) ReduceScatter(ctx context.Context, out Tensor, in []Tensor, op ReduceOp) error {
+	if ran, err := pg.runInline(ctx, "reduce_scatter", out.OnDevice() || anyOnDevice(in),
+		func() error { return pg.checkReduceScatter(out, in, op) },
+		func(ctx context.Context) error {
+			counts, _ := pg.inlineCounts()
+			return pg.comm.ReduceScatter(ctx, out.data, packInto(pg.inlineBytes(0, totalBytes(in)), in), out.dtype, op, fillLengths(counts, in))
+		}); ran {
+		return err
+	}
 	return pg.reduceScatter(ctx, out, in, op).Wait(ctx)
 }
 
@@ -272,12 +293,7 @@ func (pg *ProcessGroup) ReduceScatterAsync(out Tensor, in []Tensor, op ReduceOp)
 func (pg *ProcessGroup) reduceScatter(ctx context.Context, out Tensor, in []Tensor, op ReduceOp) *Work {
 	in = slices.Clone(in)
 	return pg.tensorOp(ctx, "reduce_scatter", operands{reads: each(in), writes: []*Tensor{&out}},
-		func() error {
-			if err := firstError(checkReduce(out.dtype, op), pg.checkList("in", in, out.dtype, -1)); err != nil {
-				return err
-			}
-			return checkLen("out", out, in[pg.rank].Len())
-		},
+		func() error { return pg.checkReduceScatter(out, in, op) },
 		func(ctx context.Context) error {
 			return pg.comm.ReduceScatter(ctx, out.data, pack(in), out.dtype, op, lengths(in))
 		},
@@ -302,6 +318,13 @@ func (pg *ProcessGroup) reduceScatter(ctx context.Context, out Tensor, in []Tens
 			}
 			return works, nil
 		})
+}
+
+func (pg *ProcessGroup) checkReduceScatter(out Tensor, in []Tensor, op ReduceOp) error {
+	if err := firstError(checkReduce(out.dtype, op), pg.checkList("in", in, out.dtype, -1)); err != nil {
+		return err
+	}
+	return checkLen("out", out, in[pg.rank].Len())
 }
 
 // ReduceScatterFrom is ReduceScatter from one tensor: in holds every
@@ -343,6 +366,20 @@ func (pg *ProcessGroup) checkReduceScatterFrom(out, in Tensor, op ReduceOp) erro
 // out[i]. Both lists hold one tensor per rank, all of one dtype; lengths
 // may differ, as long as out[i] is as long as what rank i sends.
 func (pg *ProcessGroup) AllToAll(ctx context.Context, out, in []Tensor) error {
+	if ran, err := pg.runInline(ctx, "all_to_all", anyOnDevice(out) || anyOnDevice(in),
+		func() error { return pg.checkAllToAll(out, in) },
+		func(ctx context.Context) error {
+			recv, send := pg.inlineCounts()
+			received := pg.inlineBytes(1, totalBytes(out))
+			err := pg.comm.AllToAll(ctx, received, packInto(pg.inlineBytes(0, totalBytes(in)), in), in[0].dtype, fillLengths(send, in), fillLengths(recv, out))
+			if err != nil {
+				return err
+			}
+			unpack(out, received)
+			return nil
+		}); ran {
+		return err
+	}
 	return pg.allToAll(ctx, out, in).Wait(ctx)
 }
 
@@ -354,12 +391,7 @@ func (pg *ProcessGroup) AllToAllAsync(out, in []Tensor) *Work {
 func (pg *ProcessGroup) allToAll(ctx context.Context, out, in []Tensor) *Work {
 	out, in = slices.Clone(out), slices.Clone(in)
 	return pg.tensorOp(ctx, "all_to_all", operands{reads: each(in), writes: each(out)},
-		func() error {
-			if err := pg.checkList("in", in, dtypeOfFirst(in), -1); err != nil {
-				return err
-			}
-			return pg.checkList("out", out, in[0].dtype, -1)
-		},
+		func() error { return pg.checkAllToAll(out, in) },
 		func(ctx context.Context) error {
 			received := make([]byte, totalBytes(out))
 			if err := pg.comm.AllToAll(ctx, received, pack(in), in[0].dtype, lengths(in), lengths(out)); err != nil {
@@ -375,6 +407,13 @@ func (pg *ProcessGroup) allToAll(ctx context.Context, out, in []Tensor) *Work {
 			}
 			return p2pBatch(ctx, c, ops)
 		})
+}
+
+func (pg *ProcessGroup) checkAllToAll(out, in []Tensor) error {
+	if err := pg.checkList("in", in, dtypeOfFirst(in), -1); err != nil {
+		return err
+	}
+	return pg.checkList("out", out, in[0].dtype, -1)
 }
 
 // AllToAllSingle is AllToAll between single tensors: in is cut into
@@ -514,6 +553,23 @@ func fillEven(counts []int, n int) []int {
 	return counts
 }
 
+// inlineStagingMax bounds the staging the group keeps for the list forms
+// run inline (inlineBytes): larger calls allocate theirs, at a cost small
+// beside their transfer's.
+const inlineStagingMax = 256 << 10
+
+// inlineBytes returns n bytes of the group's staging buffer i (0 or 1)
+// for the call runInline runs, as inlineCounts does its counts.
+func (pg *ProcessGroup) inlineBytes(i, n int) []byte {
+	if n > inlineStagingMax {
+		return make([]byte, n)
+	}
+	if cap(pg.staging[i]) < n {
+		pg.staging[i] = make([]byte, n)
+	}
+	return pg.staging[i][:n]
+}
+
 // inlineCounts returns the group's two count lists, one count per rank,
 // for the call runInline runs: only one runs at a time, and the lists
 // do not outlive it.
@@ -566,9 +622,14 @@ func firstError(errs ...error) error {
 
 // pack copies ts, one after the other, into a new buffer.
 func pack(ts []Tensor) []byte {
-	buf := make([]byte, 0, totalBytes(ts))
+	return packInto(make([]byte, totalBytes(ts)), ts)
+}
+
+// packInto copies ts one after another into buf, totalBytes(ts) long.
+func packInto(buf []byte, ts []Tensor) []byte {
+	at := buf
 	for _, t := range ts {
-		buf = append(buf, t.data...)
+		at = at[copy(at, t.data):]
 	}
 	return buf
 }
@@ -590,11 +651,25 @@ func totalBytes(ts []Tensor) int {
 
 // lengths returns the element count of each tensor.
 func lengths(ts []Tensor) []int {
-	ns := make([]int, len(ts))
+	return fillLengths(make([]int, len(ts)), ts)
+}
+
+// fillLengths sets counts[i] to the element count of ts[i].
+func fillLengths(counts []int, ts []Tensor) []int {
 	for i, t := range ts {
-		ns[i] = t.Len()
+		counts[i] = t.Len()
 	}
-	return ns
+	return counts
+}
+
+// anyOnDevice reports whether a tensor of ts is on a GPU.
+func anyOnDevice(ts []Tensor) bool {
+	for _, t := range ts {
+		if t.OnDevice() {
+			return true
+		}
+	}
+	return false
 }
 
 func repeat(n, times int) []int {

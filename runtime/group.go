@@ -56,8 +56,10 @@ type ProcessGroup struct {
 
 	children int // groups split off so far; touched only by exec's goroutine
 
-	// counts is the scratch of the calls runInline runs (inlineCounts).
-	counts []int
+	// counts and staging are the scratch of the calls runInline runs
+	// (inlineCounts, inlineBytes).
+	counts  []int
+	staging [2][]byte
 
 	mu        sync.Mutex
 	subgroups []*ProcessGroup // closed with this group
