@@ -357,18 +357,18 @@ func TestSharedMemoryFirstWritten(t *testing.T) {
 	peers := []int{1, 2, 3}
 
 	start := time.Now()
-	if got := o.firstWritten(peers, g); got != 0 {
+	if got, _ := o.firstWritten(peers, g); got != 0 {
 		t.Fatalf("with no peer written, firstWritten = %d, want 0 (the first)", got)
 	}
 	if spun := time.Since(start); spun < shmSpin {
 		t.Fatalf("with no peer written, firstWritten gave up after %v, before shmSpin (%v)", spun, shmSpin)
 	}
 	regions[3].written.Store(g)
-	if got := o.firstWritten(peers, g); got != 2 {
+	if got, _ := o.firstWritten(peers, g); got != 2 {
 		t.Fatalf("with only rank 3 written, firstWritten = %d, want 2", got)
 	}
 	regions[2].written.Store(g)
-	if got := o.firstWritten(peers, g); got != 1 {
+	if got, _ := o.firstWritten(peers, g); got != 1 {
 		t.Fatalf("with ranks 2 and 3 written, firstWritten = %d, want 1 (the first of them)", got)
 	}
 }

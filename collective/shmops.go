@@ -114,9 +114,9 @@ func (o *op) eachWritten(g uint32, each func(peer int) error) error {
 		left[i] = orderAfter(me, n, i)
 	}
 	for len(left) > 0 {
-		pick := o.firstWritten(left, g)
+		pick, spun := o.firstWritten(left, g)
 		peer := left[pick]
-		if err := o.awaitWritten(peer, g); err != nil {
+		if err := o.awaitSharedSince(peer, o.region(peer).written, g, true, spun); err != nil {
 			return err
 		}
 		if err := each(peer); err != nil {
@@ -130,16 +130,17 @@ func (o *op) eachWritten(g uint32, each func(peer int) error) error {
 // firstWritten returns the index in peers of the first that has written
 // block g. While none has, it looks at them all, as awaitShared looks at
 // one: polling, then yielding the core between looks for up to shmSpin.
-// Then it settles for the first (its caller waits for it), since a futex
-// sleeps on one word. Waiting on the first alone cost a 1 MiB all_to_all
+// Then it settles for the first, since a futex sleeps on one word, and
+// returns when it began to spin (zero when it did not) for its caller's
+// wait (awaitSharedSince) to go on from there. Waiting on the first alone cost a 1 MiB all_to_all
 // of 4 ranks on 2 cores a seventh of its time in one A/B (353 against
 // 301 us, medians of 10 rounds): another peer was ready while it was not.
-func (o *op) firstWritten(peers []int, g uint32) int {
+func (o *op) firstWritten(peers []int, g uint32) (int, time.Time) {
 	var start time.Time
 	for look := 1; ; look++ {
 		for i, peer := range peers {
 			if reached(o.region(peer).written.Load(), g) {
-				return i
+				return i, start
 			}
 		}
 		if look < o.c.shm.polls/len(peers) {
@@ -149,7 +150,7 @@ func (o *op) firstWritten(peers []int, g uint32) int {
 			o.handoff() // nobody drives our sockets while we wait here
 			start = time.Now()
 		} else if look%shmCheckEvery == 0 && time.Since(start) >= shmSpin {
-			return 0
+			return 0, start
 		}
 		o.yieldFor(peers[0])
 	}

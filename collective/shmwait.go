@@ -48,17 +48,29 @@ func pollsFor(ranks, cpus int) int {
 // awaitShared waits until peer's counter word reaches stamp; current
 // says the stamp is one of this op's blocks (not a slot's previous use).
 func (o *op) awaitShared(peer int, word *atomic.Uint32, stamp uint32, current bool) error {
-	for range o.c.shm.polls {
-		if reached(word.Load(), stamp) {
-			return o.checkSharedPeer(peer, current)
+	return o.awaitSharedSince(peer, word, stamp, current, time.Time{})
+}
+
+// awaitSharedSince is awaitShared for a waiter that has been spinning
+// since spun (firstWritten), or not at all (zero): it does not poll
+// afresh, and spins only what is left of shmSpin.
+func (o *op) awaitSharedSince(peer int, word *atomic.Uint32, stamp uint32, current bool, spun time.Time) error {
+	if spun.IsZero() {
+		for range o.c.shm.polls {
+			if reached(word.Load(), stamp) {
+				return o.checkSharedPeer(peer, current)
+			}
 		}
+		o.handoff() // nobody drives our sockets while we wait here
+		spun = time.Now()
+	} else if reached(word.Load(), stamp) {
+		return o.checkSharedPeer(peer, current)
 	}
-	o.handoff() // nobody drives our sockets while we wait here
 	s := o.c.shm
 	region := &s.regions[peer]
 	o.c.waitingOn.Store(int32(peer))
 	defer o.c.waitingOn.Store(-1)
-	start := time.Now()
+	start := spun
 	sleeping := false
 	for i := 1; ; i++ {
 		if sleeping || i%shmCheckEvery == 0 {
