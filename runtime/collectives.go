@@ -108,12 +108,7 @@ func (pg *ProcessGroup) AllGather(ctx context.Context, out []Tensor, in Tensor) 
 	if ran, err := pg.runInline(ctx, "all_gather", in.OnDevice() || anyOnDevice(out),
 		func() error { return pg.checkList("out", out, in.dtype, in.Len()) },
 		func(ctx context.Context) error {
-			gathered := pg.inlineBytes(0, len(out)*len(in.data))
-			if err := pg.comm.AllGather(ctx, gathered, in.data, in.dtype); err != nil {
-				return err
-			}
-			unpack(out, gathered)
-			return nil
+			return pg.allGatherHost(ctx, out, in, pg.inlineBytes(0, len(out)*len(in.data)))
 		}); ran {
 		return err
 	}
@@ -130,12 +125,7 @@ func (pg *ProcessGroup) allGather(ctx context.Context, out []Tensor, in Tensor) 
 	return pg.tensorOp(ctx, "all_gather", operands{reads: []*Tensor{&in}, writes: each(out)},
 		func() error { return pg.checkList("out", out, in.dtype, in.Len()) },
 		func(ctx context.Context) error {
-			gathered := make([]byte, len(out)*len(in.data))
-			if err := pg.comm.AllGather(ctx, gathered, in.data, in.dtype); err != nil {
-				return err
-			}
-			unpack(out, gathered)
-			return nil
+			return pg.allGatherHost(ctx, out, in, make([]byte, len(out)*len(in.data)))
 		},
 		func(ctx context.Context, c *cuda.Comm) ([]*cuda.Work, error) {
 			if whole, ok := span(out); ok {
@@ -147,6 +137,16 @@ func (pg *ProcessGroup) allGather(ctx context.Context, out []Tensor, in Tensor) 
 			}
 			return p2pBatch(ctx, c, ops)
 		})
+}
+
+// allGatherHost is all_gather's host form, through gathered, the
+// buffer of every rank's in.
+func (pg *ProcessGroup) allGatherHost(ctx context.Context, out []Tensor, in Tensor, gathered []byte) error {
+	if err := pg.comm.AllGather(ctx, gathered, in.data, in.dtype); err != nil {
+		return err
+	}
+	unpack(out, gathered)
+	return nil
 }
 
 // AllGatherInto is AllGather into one tensor: rank i's in lands in
@@ -320,6 +320,7 @@ func (pg *ProcessGroup) reduceScatter(ctx context.Context, out Tensor, in []Tens
 		})
 }
 
+// checkReduceScatter checks ReduceScatter's arguments.
 func (pg *ProcessGroup) checkReduceScatter(out Tensor, in []Tensor, op ReduceOp) error {
 	if err := firstError(checkReduce(out.dtype, op), pg.checkList("in", in, out.dtype, -1)); err != nil {
 		return err
@@ -358,6 +359,7 @@ func (pg *ProcessGroup) reduceScatterFrom(ctx context.Context, out, in Tensor, o
 		})
 }
 
+// checkReduceScatterFrom checks ReduceScatterFrom's arguments.
 func (pg *ProcessGroup) checkReduceScatterFrom(out, in Tensor, op ReduceOp) error {
 	return firstError(checkReduce(out.dtype, op), checkDType("in", in, out.dtype), checkLen("in", in, pg.Size()*out.Len()))
 }
@@ -370,13 +372,7 @@ func (pg *ProcessGroup) AllToAll(ctx context.Context, out, in []Tensor) error {
 		func() error { return pg.checkAllToAll(out, in) },
 		func(ctx context.Context) error {
 			recv, send := pg.inlineCounts()
-			received := pg.inlineBytes(1, totalBytes(out))
-			err := pg.comm.AllToAll(ctx, received, packInto(pg.inlineBytes(0, totalBytes(in)), in), in[0].dtype, fillLengths(send, in), fillLengths(recv, out))
-			if err != nil {
-				return err
-			}
-			unpack(out, received)
-			return nil
+			return pg.allToAllHost(ctx, out, in, pg.inlineBytes(0, totalBytes(in)), pg.inlineBytes(1, totalBytes(out)), send, recv)
 		}); ran {
 		return err
 	}
@@ -393,12 +389,7 @@ func (pg *ProcessGroup) allToAll(ctx context.Context, out, in []Tensor) *Work {
 	return pg.tensorOp(ctx, "all_to_all", operands{reads: each(in), writes: each(out)},
 		func() error { return pg.checkAllToAll(out, in) },
 		func(ctx context.Context) error {
-			received := make([]byte, totalBytes(out))
-			if err := pg.comm.AllToAll(ctx, received, pack(in), in[0].dtype, lengths(in), lengths(out)); err != nil {
-				return err
-			}
-			unpack(out, received)
-			return nil
+			return pg.allToAllHost(ctx, out, in, make([]byte, totalBytes(in)), make([]byte, totalBytes(out)), make([]int, len(in)), make([]int, len(out)))
 		},
 		func(ctx context.Context, c *cuda.Comm) ([]*cuda.Work, error) {
 			var ops []cuda.P2POp
@@ -409,6 +400,19 @@ func (pg *ProcessGroup) allToAll(ctx context.Context, out, in []Tensor) *Work {
 		})
 }
 
+// allToAllHost is all_to_all's host form: in goes out packed into sent,
+// out comes back unpacked from received, and send and recv take the
+// counts per rank.
+func (pg *ProcessGroup) allToAllHost(ctx context.Context, out, in []Tensor, sent, received []byte, send, recv []int) error {
+	err := pg.comm.AllToAll(ctx, received, packInto(sent, in), in[0].dtype, fillLengths(send, in), fillLengths(recv, out))
+	if err != nil {
+		return err
+	}
+	unpack(out, received)
+	return nil
+}
+
+// checkAllToAll checks AllToAll's arguments.
 func (pg *ProcessGroup) checkAllToAll(out, in []Tensor) error {
 	if err := pg.checkList("in", in, dtypeOfFirst(in), -1); err != nil {
 		return err
@@ -672,8 +676,9 @@ func anyOnDevice(ts []Tensor) bool {
 	return false
 }
 
+// repeat returns times counts of n.
 func repeat(n, times int) []int {
-	return slices.Repeat([]int{n}, times)
+	return fillEven(make([]int, times), n)
 }
 
 // dtypeOfFirst is the dtype the rest of a list must share.
