@@ -8,11 +8,12 @@ this one once torch is imported, as every rank of a job is its own
 process. Python threads would share one GIL: their figures then say how
 the server's wake-ups fall against the GIL's hand-offs (16 client threads
 switched context 4x as often against a server that sleeps between
-requests), not how fast it serves. A run spreads a fixed number of operations evenly over
-the clients, starts them together, and counts until the last one is done;
-a set has no reply in torch 1.13's protocol, so each set client ends with
-one round trip (num_keys) and is counted only once the server has applied
-its sets. Values are 32 bytes, about a rank's address.
+requests), not how fast it serves. A run spreads a fixed number of
+operations evenly over the clients, starts them together, and counts
+until the last one is done; a set has no reply in torch 1.13's protocol,
+so each set client ends with one round trip (num_keys) and is counted
+only once the server has applied its sets. Values are 32 bytes, about a
+rank's address.
 
     /usr/bin/python3 bench/store.py            # this section alone
     /usr/bin/python3 bench/store.py --serve-torch   # torch's server, prints its address

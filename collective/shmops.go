@@ -132,9 +132,10 @@ func (o *op) eachWritten(g uint32, each func(peer int) error) error {
 // one: polling, then yielding the core between looks for up to shmSpin.
 // Then it settles for the first, since a futex sleeps on one word, and
 // returns when it began to spin (zero when it did not) for its caller's
-// wait (awaitSharedSince) to go on from there. Waiting on the first alone cost a 1 MiB all_to_all
-// of 4 ranks on 2 cores a seventh of its time in one A/B (353 against
-// 301 us, medians of 10 rounds): another peer was ready while it was not.
+// wait (awaitSharedSince) to go on from there. Waiting on the first
+// alone cost a 1 MiB all_to_all of 4 ranks on 2 cores a seventh of its
+// time in one A/B (353 against 301 us, medians of 10 rounds): another
+// peer was ready while it was not.
 func (o *op) firstWritten(peers []int, g uint32) (int, time.Time) {
 	var start time.Time
 	for look := 1; ; look++ {

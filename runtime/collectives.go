@@ -278,7 +278,7 @@ func (pg *ProcessGroup) ReduceScatter(ctx context.Context, out Tensor, in []Tens
 		func() error { return pg.checkReduceScatter(out, in, op) },
 		func(ctx context.Context) error {
 			counts, _ := pg.inlineCounts()
-			return pg.comm.ReduceScatter(ctx, out.data, packInto(pg.inlineBytes(0, totalBytes(in)), in), out.dtype, op, fillLengths(counts, in))
+			return pg.reduceScatterHost(ctx, out, in, op, pg.inlineBytes(0, totalBytes(in)), counts)
 		}); ran {
 		return err
 	}
@@ -295,7 +295,7 @@ func (pg *ProcessGroup) reduceScatter(ctx context.Context, out Tensor, in []Tens
 	return pg.tensorOp(ctx, "reduce_scatter", operands{reads: each(in), writes: []*Tensor{&out}},
 		func() error { return pg.checkReduceScatter(out, in, op) },
 		func(ctx context.Context) error {
-			return pg.comm.ReduceScatter(ctx, out.data, pack(in), out.dtype, op, lengths(in))
+			return pg.reduceScatterHost(ctx, out, in, op, make([]byte, totalBytes(in)), make([]int, len(in)))
 		},
 		func(ctx context.Context, c *cuda.Comm) ([]*cuda.Work, error) {
 			if whole, ok := span(in); ok {
@@ -318,6 +318,12 @@ func (pg *ProcessGroup) reduceScatter(ctx context.Context, out Tensor, in []Tens
 			}
 			return works, nil
 		})
+}
+
+// reduceScatterHost is reduce_scatter's host form: in goes packed into
+// packed, and counts takes its lengths.
+func (pg *ProcessGroup) reduceScatterHost(ctx context.Context, out Tensor, in []Tensor, op ReduceOp, packed []byte, counts []int) error {
+	return pg.comm.ReduceScatter(ctx, out.data, packInto(packed, in), out.dtype, op, fillLengths(counts, in))
 }
 
 // checkReduceScatter checks ReduceScatter's arguments.
