@@ -166,10 +166,9 @@ func (o *op) await(r *recvReq) error {
 // more ranks than cores, the peer may need it to send what we wait for:
 // at 4 ranks on 2 cores this halved an 8-byte all_reduce), until no byte
 // has moved for awaitYieldSpin. Without a connection to read (shared
-// memory, AnySource, not connected yet) it spins only for awaitSpin and
-// only when other threads can run the transport's poller meanwhile
-// (GOMAXPROCS > 1). It stops early when the op's context ends or the
-// communicator fails.
+// memory, AnySource, not connected yet) it spins only for awaitSpin,
+// while the transport's poller runs on the other P (ensureTwoPs). It
+// stops early when the op's context ends or the communicator fails.
 func (o *op) poll(r *recvReq) bool {
 	select {
 	case <-r.done:
@@ -187,9 +186,6 @@ func (o *op) poll(r *recvReq) bool {
 				conns = append(conns, ic)
 			}
 		}
-	}
-	if len(conns) == 0 && !t.spin {
-		return false
 	}
 	limit := awaitSpin
 	if len(conns) > 0 {

@@ -49,8 +49,9 @@ func waitFor(d time.Duration, cond func() bool) bool {
 // Send returns only once its peer has read most of it, which no receive
 // of the peer's does yet: its poller must, while the peer's own op is
 // busy writing. Three rounds, so that later ones start on connections
-// that spinning receives left unarmed; and once more on one P, where the
-// poller, the writers and the ops share a thread.
+// that spinning receives left unarmed; and once more in a process with
+// one P, which the transport raises to two (ensureTwoPs) so that its
+// poller never waits for a spinning op to give the P up.
 func TestSimultaneousLargeSends(t *testing.T) {
 	size := 48 << 20
 	if raceEnabled {
@@ -65,12 +66,13 @@ func TestSimultaneousLargeSends(t *testing.T) {
 			}
 			t.Run(name, func(t *testing.T) {
 				if procs > 0 {
-					// Before the world: the transport decides how to
-					// spin from GOMAXPROCS when it starts.
 					prev := runtime.GOMAXPROCS(procs)
 					t.Cleanup(func() { runtime.GOMAXPROCS(prev) })
 				}
 				comms := testWorld(t, 2, TCPOptions{Transport: transport})
+				if got := runtime.GOMAXPROCS(0); got < 2 {
+					t.Fatalf("GOMAXPROCS is %d after the world started, want at least 2", got)
+				}
 				ctx := testContext(t, 30*time.Second)
 				in := [2][]byte{make([]byte, size), make([]byte, size)}
 				for round := range 3 {
