@@ -100,6 +100,9 @@ func (a *Agent) startAttempt(rk ranks, restart, number int, master workerEndpoin
 			Argv: s.Argv, Env: env.Environ(), Dir: s.Dir,
 			Stdout: outW, Stderr: errW, PTY: s.PTY,
 		}
+		if slot < len(s.CPUs) {
+			specs[slot].CPUs = s.CPUs[slot]
+		}
 	}
 	group, err := launcher.StartGroup(specs, launcher.GroupOptions{Logger: a.log, Now: a.now, Keeper: a.opts.Keeper})
 	if err != nil {
@@ -107,7 +110,11 @@ func (a *Agent) startAttempt(rk ranks, restart, number int, master workerEndpoin
 		return nil, err
 	}
 	att.group = group
-	a.log.Info().Int("restart", restart).Int("attempt", number).Ints("pids", group.Pids()).Msgf("started %d workers", len(specs))
+	started := a.log.Info().Int("restart", restart).Int("attempt", number).Ints("pids", group.Pids())
+	if s.CPUs != nil {
+		started = started.Interface("cpus", s.CPUs[:min(len(specs), len(s.CPUs))])
+	}
+	started.Msgf("started %d workers", len(specs))
 	return att, nil
 }
 

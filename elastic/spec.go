@@ -55,6 +55,9 @@ type Spec struct {
 	ShutdownTimeout  time.Duration
 	Signals          []syscall.Signal
 	VirtualLocalRank bool
+	// CPUs lists, per worker of this node, the CPUs it is bound to
+	// (launcher.Binding.CPUsFor); nil leaves every worker unbound.
+	CPUs [][]int
 	// Placement, when set, is where this node's one worker sits in the
 	// job as its workers see it (LOCAL_RANK, LOCAL_WORLD_SIZE, GROUP_RANK,
 	// GROUP_WORLD_SIZE), rather than where the rendezvous puts it: under

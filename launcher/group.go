@@ -45,6 +45,9 @@ type WorkerSpec struct {
 	// PTY gives the worker a pseudo-terminal as stdout, so C stdio and
 	// Python line-buffer instead of block-buffering; stderr stays a pipe.
 	PTY bool
+	// CPUs, unless empty, are the only CPUs the worker and everything it
+	// starts may run on (Binding.CPUsFor).
+	CPUs []int
 }
 
 // Exit describes how one worker ended.
@@ -358,7 +361,7 @@ func startProcess(spec WorkerSpec) (*exec.Cmd, []output, error) {
 		cmd.Stderr, err = s.pipe("stderr", spec.Stderr)
 	}
 	if err == nil {
-		err = startUnlocked(cmd)
+		err = startUnlocked(cmd, spec.CPUs)
 	}
 	if err != nil {
 		closeSources(s.outputs)
@@ -367,11 +370,12 @@ func startProcess(spec WorkerSpec) (*exec.Cmd, []output, error) {
 	return cmd, s.outputs, nil
 }
 
-// startUnlocked starts cmd from a fresh goroutine, which no caller can have
-// locked to its OS thread; see workerAttr for why that matters.
-func startUnlocked(cmd *exec.Cmd) error {
+// startUnlocked starts cmd, bound to cpus unless empty, from a fresh
+// goroutine, which no caller can have locked to its OS thread; see
+// workerAttr for why that matters.
+func startUnlocked(cmd *exec.Cmd, cpus []int) error {
 	started := make(chan error, 1)
-	go func() { started <- cmd.Start() }()
+	go func() { started <- startBound(cmd, cpus) }()
 	return <-started
 }
 

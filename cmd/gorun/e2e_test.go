@@ -14,6 +14,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 // The demo of `make run`: four workers meet through gorun's store.
@@ -216,6 +218,7 @@ func TestMalformedFlagsAreRejected(t *testing.T) {
 		{[]string{"--rdzv-backend", "etcd"}, "--rdzv-backend"},
 		{[]string{"--log-format", "xml"}, "--log-format"},
 		{[]string{"--backend", "gloo"}, `--backend "gloo"`},
+		{[]string{"--bind-to", "socket"}, `--bind-to "socket"`},
 		{[]string{"--no-such-flag"}, "no-such-flag"},
 		{[]string{"--module", "--no-python"}, "--module and --no-python"},
 	} {
@@ -248,6 +251,44 @@ func TestFlagSpellingsAndPETFallbacks(t *testing.T) {
 		if j.code != 0 || strings.Count(j.stdout, "ws=3 role=trainer") != 3 {
 			t.Errorf("env %v args %v: want 3 workers of role trainer:\n%s", tc.env, tc.args, j)
 		}
+	}
+}
+
+// --bind-to core pins worker i, and whatever it starts, to the i-th CPU
+// gorun may use, wrapping around; without it workers keep every CPU.
+func TestBindToCore(t *testing.T) {
+	var own unix.CPUSet
+	if err := unix.SchedGetaffinity(0, &own); err != nil {
+		t.Fatal(err)
+	}
+	var cpus []string
+	for c := 0; len(cpus) < own.Count(); c++ {
+		if own.IsSet(c) {
+			cpus = append(cpus, strconv.Itoa(c))
+		}
+	}
+	dir := t.TempDir()
+	// The worker's child reports, so the binding is inherited, not set on
+	// the worker alone.
+	w := script(t, dir, "w.sh", `sh -c 'echo "cpus=$(grep Cpus_allowed_list /proc/self/status | cut -f2)"'`+"\n")
+	n := len(cpus) + 1 // one more than the CPUs: the last wraps to the first
+	j := gorun(t, nil, "--nproc-per-node", strconv.Itoa(n), "--bind-to", "core", w)
+	if j.code != 0 {
+		t.Fatalf("gorun --bind-to core:\n%s", j)
+	}
+	for r := range n {
+		if want := fmt.Sprintf("[rank%d]: cpus=%s\n", r, cpus[r%len(cpus)]); !strings.Contains(j.stdout, want) {
+			t.Errorf("want %q:\n%s", want, j)
+		}
+	}
+	status, err := os.ReadFile("/proc/self/status")
+	if err != nil {
+		t.Fatal(err)
+	}
+	all := regexp.MustCompile(`Cpus_allowed_list:\s*(\S+)`).FindSubmatch(status)[1]
+	j = gorun(t, nil, "--nproc-per-node", "2", w)
+	if j.code != 0 || strings.Count(j.stdout, "cpus="+string(all)+"\n") != 2 {
+		t.Errorf("unbound workers: want both on every CPU gorun may use (%s):\n%s", all, j)
 	}
 }
 

@@ -137,7 +137,7 @@ func planHead(c *cli.Context, spec elastic.Spec, log zerolog.Logger, stdout, std
 	common := []string{"--nnodes", strconv.Itoa(len(hosts))}
 	var passed []string
 	for _, name := range []string{"rdzv-conf", "shutdown-timeout", "python", "role", "monitor-interval",
-		"redirects", "tee", "local-ranks-filter", "signals-to-handle", "hang-timeout", "log-dir", "log-format", "log-level", "backend"} {
+		"redirects", "tee", "local-ranks-filter", "signals-to-handle", "hang-timeout", "log-dir", "log-format", "log-level", "backend", "bind-to"} {
 		if c.IsSet(name) {
 			passed = append(passed, "--"+name, c.String(name))
 		}

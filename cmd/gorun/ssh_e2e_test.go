@@ -87,21 +87,25 @@ func TestSSHLaunch(t *testing.T) {
 		if err := os.WriteFile(filepath.Join(dir, ".gorun_env"), []byte("# forwarded\nGORUN_FILE=from file\n"), 0o600); err != nil {
 			t.Fatal(err)
 		}
-		worker := script(t, dir, "worker.sh", `echo "rank $RANK world $WORLD_SIZE group $GROUP_RANK node $GORUN_TEST_NODE x $GORUN_X file $GORUN_FILE pwd $PWD"`+"\n")
-		h := startHead(t, dir, c.headArgs(t, "--hosts", "127.0.0.1:2,127.0.0.2:2", "-x", "GORUN_X=a,b", worker)...)
+		worker := script(t, dir, "worker.sh", `echo "rank $RANK world $WORLD_SIZE group $GROUP_RANK node $GORUN_TEST_NODE x $GORUN_X file $GORUN_FILE cpus $(grep Cpus_allowed_list /proc/self/status | cut -f2) pwd $PWD"`+"\n")
+		h := startHead(t, dir, c.headArgs(t, "--hosts", "127.0.0.1:2,127.0.0.2:2", "-x", "GORUN_X=a,b", "--bind-to", "core", worker)...)
 		if code := h.wait(t, 90*time.Second); code != 0 {
 			t.Fatalf("head exited %d:\n%s", code, h.out.String())
 		}
 		out := h.out.String()
-		line := regexp.MustCompile(`(?m)^\[[^:\]]+:(\d)\]: rank (\d) world 4 group (\d) node (127\.0\.0\.[12]) x a,b file from file pwd (.*)$`)
+		line := regexp.MustCompile(`(?m)^\[[^:\]]+:(\d)\]: rank (\d) world 4 group (\d) node (127\.0\.0\.[12]) x a,b file from file cpus (\S+) pwd (.*)$`)
 		nodes := map[string][]string{}
 		seen := map[string]bool{}
 		for _, m := range line.FindAllStringSubmatch(out, -1) {
 			if m[1] != m[2] {
 				t.Errorf("line of rank %s tagged rank %s", m[2], m[1])
 			}
-			if m[5] != dir {
-				t.Errorf("rank %s ran in %s, not %s", m[2], m[5], dir)
+			if m[6] != dir {
+				t.Errorf("rank %s ran in %s, not %s", m[2], m[6], dir)
+			}
+			// --bind-to reaches the remote agents: one CPU each.
+			if _, err := strconv.Atoi(m[5]); err != nil {
+				t.Errorf("rank %s may run on CPUs %s, want one (--bind-to core)", m[2], m[5])
 			}
 			seen[m[2]] = true
 			nodes[m[4]] = append(nodes[m[4]], m[3])
