@@ -711,14 +711,14 @@ func sameHost(hosts []string, rank int) []int {
 }
 
 // ensureTwoPs raises GOMAXPROCS to 2 where it is 1, as the runtime
-// makes it for a process pinned to one core (taskset, a Slurm or
-// container CPU limit). An op spins on its sockets holding a P while the
-// poller's goroutine blocks in epoll_wait holding the other; with one P
-// each hand-off between them waited for the Go scheduler's monitor to
-// preempt the spinner or retake the P, 10 to 20 ms (4 ranks pinned two
-// to a core, over TCP: an 8-byte all_reduce took 220 us instead of 46, 1
-// MiB 11 ms instead of 1.5). Two Ps cost no core: the poller's mostly
-// sleeps.
+// makes it for a process pinned to one core (taskset, gorun --bind-to, a
+// Slurm or container CPU limit). An op spins on its sockets holding a P,
+// and the poller's goroutine needs another whenever a socket nobody
+// spins on has data; with one P each such hand-off waited for the Go
+// scheduler's monitor to preempt the spinner, 10 to 20 ms (4 ranks
+// pinned two to a core, over TCP: an 8-byte all_reduce took 220 us
+// instead of 46, 1 MiB 11 ms instead of 1.5). Two Ps cost no core: the
+// poller's mostly sleeps.
 func ensureTwoPs(log zerolog.Logger) {
 	if goruntime.GOMAXPROCS(0) < 2 {
 		goruntime.GOMAXPROCS(2)
