@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"runtime"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -74,13 +75,13 @@ func ownCPUs(t *testing.T) []int {
 }
 
 func TestParseBinding(t *testing.T) {
-	for in, want := range map[string]Binding{"none": BindNone, "core": BindCore, " Core ": BindCore} {
+	for in, want := range map[string]Binding{"none": BindNone, "core": BindCore, " Core ": BindCore, "numa": BindNUMA} {
 		if got, err := ParseBinding(in); err != nil || got != want {
 			t.Errorf("ParseBinding(%q) = %q, %v; want %q", in, got, err, want)
 		}
 	}
 	for _, in := range []string{"", "socket", "cores", "1"} {
-		if _, err := ParseBinding(in); err == nil || !strings.Contains(err.Error(), "want none or core") {
+		if _, err := ParseBinding(in); err == nil || !strings.Contains(err.Error(), "want none, core or numa") {
 			t.Errorf("ParseBinding(%q): want an error naming the choices, got %v", in, err)
 		}
 	}
@@ -155,5 +156,67 @@ func TestBoundWorkerAndItsThreads(t *testing.T) {
 		if l != before[0] {
 			t.Errorf("an agent thread may run on %s after the start, %s before", l, before[0])
 		}
+	}
+}
+
+func TestParseCPUList(t *testing.T) {
+	for in, want := range map[string][]int{"": nil, "0": {0}, "0-3": {0, 1, 2, 3}, "0-1,8,10-11": {0, 1, 8, 10, 11}} {
+		if got, err := parseCPUList(in); err != nil || !slices.Equal(got, want) {
+			t.Errorf("parseCPUList(%q) = %v, %v; want %v", in, got, err, want)
+		}
+	}
+	for _, in := range []string{"a", "3-1", "1-", ",", "-2"} {
+		if _, err := parseCPUList(in); err == nil {
+			t.Errorf("parseCPUList(%q): want an error", in)
+		}
+	}
+}
+
+// The nodes come in node order (node10 after node2), a node of memory
+// only is listed empty, and a garbled list is an error naming its file.
+func TestNUMANodes(t *testing.T) {
+	root := t.TempDir()
+	for node, list := range map[string]string{"node0": "0-1,4\n", "node2": "2-3\n", "node10": "5\n", "node3": "\n"} {
+		os.Mkdir(filepath.Join(root, node), 0o755)
+		os.WriteFile(filepath.Join(root, node, "cpulist"), []byte(list), 0o644)
+	}
+	got, err := numaNodes(root)
+	want := [][]int{{0, 1, 4}, {2, 3}, nil, {5}}
+	if err != nil || !slices.EqualFunc(got, want, slices.Equal) {
+		t.Errorf("numaNodes = %v, %v; want %v", got, err, want)
+	}
+	os.WriteFile(filepath.Join(root, "node3", "cpulist"), []byte("x\n"), 0o644)
+	if _, err := numaNodes(root); err == nil || !strings.Contains(err.Error(), "node3") {
+		t.Errorf("garbled node3: want an error naming it, got %v", err)
+	}
+	if _, err := numaNodes(t.TempDir()); err == nil {
+		t.Error("no nodes: want an error")
+	}
+}
+
+// Bound by NUMA node, a worker gets every CPU of its node it may use: on
+// a machine of one node, all of them.
+func TestCPUsForNUMA(t *testing.T) {
+	nodes, err := numaNodes(nodeRoot)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := BindNUMA.CPUsFor(3)
+	if err != nil {
+		t.Fatal(err)
+	}
+	own := ownCPUs(t)
+	for i, cpus := range got {
+		if len(cpus) == 0 {
+			t.Fatalf("worker %d: no CPUs", i)
+		}
+		for _, c := range cpus {
+			if !slices.Contains(own, c) {
+				t.Errorf("worker %d: CPU %d is not ours (%v)", i, c, own)
+			}
+		}
+	}
+	if len(nodes) == 1 && !slices.Equal(got[0], own) {
+		t.Errorf("one node: worker 0 got %v, want all of ours %v", got[0], own)
 	}
 }

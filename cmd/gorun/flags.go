@@ -75,7 +75,7 @@ func flags() []cli.Flag {
 		boolFlag("virtual-local-rank", "every worker gets LOCAL_RANK=0 and one GPU in CUDA_VISIBLE_DEVICES"),
 		stringFlag("log-line-prefix-template", "", "console prefix of worker lines; ${rank}, ${local_rank}, ${role_name}, ${host} (default [rank${rank}]: or $TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE)"),
 		boolFlag("timestamps", "start every worker line on the console with the time"),
-		stringFlag("bind-to", "none", "pin workers to CPUs: none, or core (worker i on the i-th CPU gorun may use, wrapping around; as mpirun --bind-to core)"),
+		stringFlag("bind-to", "none", "pin workers to CPUs: none; core (worker i on the i-th CPU gorun may use, wrapping around); numa (worker i on the CPUs of the i-th NUMA node); as mpirun --bind-to"),
 		stringFlag("pty", "auto", "give workers a pseudo-terminal as stdout: auto (when gorun's stdout is one), always, never"),
 		stringFlag("log-format", "console", "launcher log format: console or json"),
 		stringFlag("log-level", "", "launcher log level: debug, info, warn, error (default $LOGLEVEL or info)"),
