@@ -34,15 +34,15 @@ func headFlags() []cli.Flag {
 		stringFlag("hostfile", "", "launch over SSH on the hosts of FILE: one per line, 'host slots=N', 'host:N' or 'host'"),
 		stringFlag("include", "", "hosts (and GPU ids) to use, DeepSpeed syntax: host1@host2:0,1"),
 		stringFlag("exclude", "", "hosts (and GPU ids) to leave out, DeepSpeed syntax: host1@host2:0,1"),
-		&cli.StringSliceFlag{Name: "x", Usage: "forward VAR (the head's value) or set VAR=value on every host; repeatable"},
+		stringSliceFlag("x", "forward VAR (the head's value) or set VAR=value on every host; repeatable"),
 		stringFlag("remote-gorun", "", "path of gorun on the remote hosts (default: this gorun's own path)"),
 		boolFlag("stage-binary", "copy this gorun to hosts that lack it (into ~/.cache/gorun, or to --remote-gorun), then run that copy"),
 		stringFlag("remote-dir", "", "working directory on the remote hosts (default: the current directory)"),
 		boolFlag("ssh-accept-new", "add unknown host keys to known_hosts (StrictHostKeyChecking=accept-new)"),
 		stringFlag("ssh-config", "", "ssh_config file (default ~/.ssh/config; none: read none)"),
-		&cli.StringSliceFlag{Name: "ssh-identity", Usage: "private key to log in with; repeatable"},
+		stringSliceFlag("ssh-identity", "private key to log in with; repeatable"),
 		stringFlag("ssh-known-hosts", "", "known_hosts file (default: ssh_config's UserKnownHostsFile, then ~/.ssh/known_hosts)"),
-		&cli.BoolFlag{Name: "exit-on-stdin-eof", Hidden: true, Usage: "stop the job (as on SIGTERM) when stdin reaches EOF: set on remote agents"},
+		namedBool{&cli.BoolFlag{Name: "exit-on-stdin-eof", Hidden: true, Usage: "stop the job (as on SIGTERM) when stdin reaches EOF: set on remote agents"}, []string{"exit-on-stdin-eof"}},
 	}
 }
 
