@@ -70,10 +70,8 @@ func (b Binding) CPUsFor(n int) ([][]int, error) {
 			}
 		}
 	} else {
-		for c := 0; len(groups) < set.Count(); c++ {
-			if set.IsSet(c) {
-				groups = append(groups, []int{c})
-			}
+		for _, c := range cpusOf(&set) {
+			groups = append(groups, []int{c})
 		}
 	}
 	if len(groups) == 0 {
@@ -84,6 +82,17 @@ func (b Binding) CPUsFor(n int) ([][]int, error) {
 		per[i] = groups[i%len(groups)]
 	}
 	return per, nil
+}
+
+// cpusOf lists the CPUs in set, ascending.
+func cpusOf(set *unix.CPUSet) []int {
+	var cpus []int
+	for c := 0; len(cpus) < set.Count(); c++ {
+		if set.IsSet(c) {
+			cpus = append(cpus, c)
+		}
+	}
+	return cpus
 }
 
 // numaNodes reads the CPUs of every NUMA node under root, in node order.

@@ -65,13 +65,7 @@ func ownCPUs(t *testing.T) []int {
 	if err := unix.SchedGetaffinity(0, &set); err != nil {
 		t.Fatal(err)
 	}
-	var cpus []int
-	for c := 0; len(cpus) < set.Count(); c++ {
-		if set.IsSet(c) {
-			cpus = append(cpus, c)
-		}
-	}
-	return cpus
+	return cpusOf(&set)
 }
 
 func TestParseBinding(t *testing.T) {

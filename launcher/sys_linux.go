@@ -17,8 +17,8 @@ import (
 //
 // Pdeathsig fires when the thread that forked the worker exits, not the
 // process. The Go runtime never ends a thread unless a goroutine locked to it
-// returns without unlocking; startUnlocked therefore forks from a fresh,
-// unlocked goroutine, whatever the caller's goroutine is doing.
+// returns without unlocking; StartGroup therefore forks each worker from a
+// fresh, unlocked goroutine, whatever the caller's goroutine is doing.
 func workerAttr(withTTY bool) *syscall.SysProcAttr {
 	if withTTY {
 		// Ctty is the child's fd of the terminal: its stdout.
