@@ -8,6 +8,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"runtime"
 	"sort"
 	"strconv"
 	"strings"
@@ -232,6 +233,23 @@ func TestMalformedFlagsAreRejected(t *testing.T) {
 	}
 	if _, err := os.Stat(marker); err == nil {
 		t.Error("a worker started despite malformed flags")
+	}
+}
+
+// --version names the build and starts nothing; after PROGRAM it is the
+// program's argument, as every flag there is.
+func TestVersion(t *testing.T) {
+	dir := t.TempDir()
+	w := script(t, dir, "w.sh", `echo "args: $*"`+"\n")
+	j := gorun(t, nil, "--version", w)
+	if j.code != 0 || !strings.HasPrefix(j.stdout, "gorun version ") || !strings.Contains(j.stdout, runtime.Version()) {
+		t.Errorf("gorun --version: want exit 0 and the build's version (%s):\n%s", runtime.Version(), j)
+	}
+	if strings.Contains(j.stdout, "args:") {
+		t.Errorf("gorun --version started the program:\n%s", j)
+	}
+	if j := gorun(t, nil, w, "--version", "-v"); j.code != 0 || !strings.Contains(j.stdout, "args: --version -v") {
+		t.Errorf("gorun PROGRAM --version -v: want the program to get both:\n%s", j)
 	}
 }
 

@@ -79,6 +79,7 @@ func newApp(stdout, stderr io.Writer, status *int) *cli.App {
 		Name:      "gorun",
 		Usage:     "launch distributed workers with torchrun's contract",
 		UsageText: "gorun [flags] PROGRAM [ARGS...]",
+		Version:   version(),
 		Description: "Starts --nproc-per-node workers of PROGRAM on this node, hosts the rendezvous store\n" +
 			"(PyTorch TCPStore protocol), gives every worker torchrun's environment (RANK, WORLD_SIZE,\n" +
 			"MASTER_ADDR...), supervises and restarts them, and exits with the root cause's exit code.\n" +
