@@ -106,12 +106,12 @@ func (r *sendReq) finish(err error) {
 // reqPool recycles receive and send requests and their channels, so that
 // steady-state collectives allocate nothing per frame.
 type reqPool struct {
-	recvs sync.Pool
-	sends sync.Pool
+	recvs freeList[recvReq]
+	sends freeList[sendReq]
 }
 
 func (p *reqPool) recv() *recvReq {
-	if r, ok := p.recvs.Get().(*recvReq); ok {
+	if r := p.recvs.get(); r != nil {
 		return r
 	}
 	return &recvReq{done: make(chan struct{}, 1)}
@@ -119,11 +119,11 @@ func (p *reqPool) recv() *recvReq {
 
 func (p *reqPool) putRecv(r *recvReq) {
 	*r = recvReq{done: r.done}
-	p.recvs.Put(r)
+	p.recvs.put(r)
 }
 
 func (p *reqPool) send() *sendReq {
-	if r, ok := p.sends.Get().(*sendReq); ok {
+	if r := p.sends.get(); r != nil {
 		return r
 	}
 	return &sendReq{done: make(chan struct{}, 1)}
@@ -134,13 +134,13 @@ func (p *reqPool) putSend(r *sendReq) {
 	r.err = nil
 	r.consumed = false
 	r.canceled.Store(false)
-	p.sends.Put(r)
+	p.sends.put(r)
 }
 
 // bufferPool recycles the payload buffers of unexpected frames in
 // power-of-two size classes.
 type bufferPool struct {
-	classes [bits.UintSize]sync.Pool
+	classes [bits.UintSize]freeList[frame]
 }
 
 const minPooledClass = 10 // 1 KiB
@@ -148,7 +148,7 @@ const minPooledClass = 10 // 1 KiB
 func (p *bufferPool) get(h *header) *frame {
 	n := int(h.length)
 	class := max(bits.Len(uint(max(n, 1)-1)), minPooledClass)
-	if f, ok := p.classes[class].Get().(*frame); ok {
+	if f := p.classes[class].get(); f != nil {
 		f.h = *h
 		f.data = f.data[:n]
 		return f
@@ -158,8 +158,42 @@ func (p *bufferPool) get(h *header) *frame {
 
 func (p *bufferPool) put(f *frame) {
 	if f.class >= 0 {
-		p.classes[f.class].Put(f)
+		p.classes[f.class].put(f)
 	}
+}
+
+// freeList keeps values for reuse. Unlike a sync.Pool it keeps them
+// across garbage collections, and it hands them between goroutines
+// without allocating: a sync.Pool emptied by a collection had the next
+// calls allocate their frames afresh (3 MiB all_gathers over TCP then
+// allocated on every call, each allocation bringing the next collection
+// nearer), and frames put on one P and taken on another grew and shrank
+// its per-P chains, allocating too. A list holds at most as many values
+// as were ever out at once: for frames, what peers sent ahead of their
+// receives, which one call's data bounds.
+type freeList[T any] struct {
+	mu   sync.Mutex
+	free []*T
+}
+
+// get returns a kept value, or nil when there is none.
+func (l *freeList[T]) get() *T {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	k := len(l.free)
+	if k == 0 {
+		return nil
+	}
+	v := l.free[k-1]
+	l.free[k-1] = nil
+	l.free = l.free[:k-1]
+	return v
+}
+
+func (l *freeList[T]) put(v *T) {
+	l.mu.Lock()
+	l.free = append(l.free, v)
+	l.mu.Unlock()
 }
 
 // takePostedLocked pops the receive a frame with header h from key.src
