@@ -405,11 +405,21 @@ func (o *op) withdraw() {
 		}
 		r.consumed = true
 	}
+	// Every send is canceled before any is waited for, and the last first:
+	// a writer skips a canceled frame only at the head of its queue, so
+	// then it finds the op's later frames canceled too. Canceled in
+	// order, one at a time, a writer skipped a segment and wrote the
+	// next, and the peer, still waiting for the skipped one, reported a
+	// mismatch with us instead of why the op failed.
+	for _, s := range slices.Backward(o.sends) {
+		if !s.consumed {
+			s.canceled.Store(true)
+		}
+	}
 	for _, s := range o.sends {
 		if s.consumed {
 			continue
 		}
-		s.canceled.Store(true)
 		dst := o.c.world[s.peer]
 		waitOrCut(s.done, func() {
 			t.lostOutgoing(dst, fmt.Errorf("collective: a send stalled for %v after its operation failed", cancelGrace))
