@@ -45,6 +45,13 @@ func boolFlag(name, usage string, short ...string) cli.Flag {
 	return namedBool{f, f.Names()}
 }
 
+// hiddenBoolFlag is a flag gorun sets for itself (on remote agents): no
+// torchrun spelling, no PET_ variable, not in --help.
+func hiddenBoolFlag(name, usage string) cli.Flag {
+	f := &cli.BoolFlag{Name: name, Hidden: true, Usage: usage}
+	return namedBool{f, f.Names()}
+}
+
 func stringSliceFlag(name, usage string) cli.Flag {
 	f := &cli.StringSliceFlag{Name: name, Usage: usage}
 	return namedStringSlice{f, f.Names()}

@@ -42,7 +42,7 @@ func headFlags() []cli.Flag {
 		stringFlag("ssh-config", "", "ssh_config file (default ~/.ssh/config; none: read none)"),
 		stringSliceFlag("ssh-identity", "private key to log in with; repeatable"),
 		stringFlag("ssh-known-hosts", "", "known_hosts file (default: ssh_config's UserKnownHostsFile, then ~/.ssh/known_hosts)"),
-		namedBool{&cli.BoolFlag{Name: "exit-on-stdin-eof", Hidden: true, Usage: "stop the job (as on SIGTERM) when stdin reaches EOF: set on remote agents"}, []string{"exit-on-stdin-eof"}},
+		hiddenBoolFlag("exit-on-stdin-eof", "stop the job (as on SIGTERM) when stdin reaches EOF: set on remote agents"),
 	}
 }
 
