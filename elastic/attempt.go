@@ -1,11 +1,13 @@
 package elastic
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 	"io"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 
 	"github.com/rs/zerolog"
@@ -40,6 +42,15 @@ func (a *Agent) startAttempt(rk ranks, restart, number int, master workerEndpoin
 	if p := s.Placement; p != nil {
 		att.firstLocalRank, localWorldSize = p.LocalRank, p.LocalWorldSize
 		groupRank, groupWorldSize = p.NodeRank, p.NNodes
+	}
+	dupOut, err := att.duplicates(s.DuplicateStdout, logs, s.RunID, number, "filtered_stdout.log")
+	var dupErr *launcher.Console
+	if err == nil {
+		dupErr, err = att.duplicates(s.DuplicateStderr, logs, s.RunID, number, "filtered_stderr.log")
+	}
+	if err != nil {
+		att.closeOutput()
+		return nil, err
 	}
 	specs := make([]launcher.WorkerSpec, s.NProcPerNode)
 	// The group knows its workers by slot (WorkerSpec.LocalRank, which
@@ -86,10 +97,10 @@ func (a *Agent) startAttempt(rk ranks, restart, number int, master workerEndpoin
 			return nil, fmt.Errorf("elastic: environment of local rank %d: %w", lr, err)
 		}
 		prefix := launcher.FormatPrefix(s.PrefixTemplate, s.Role, rank, lr, s.Host)
-		outW, err := att.sink(a.sinkFor(lr, true, logs), stdout, prefix, outPath)
+		outW, err := att.sink(a.sinkFor(lr, true, logs), stdout, dupOut, prefix, outPath)
 		var errW io.Writer
 		if err == nil {
-			errW, err = att.sink(a.sinkFor(lr, false, logs), stderr, prefix, errPath)
+			errW, err = att.sink(a.sinkFor(lr, false, logs), stderr, dupErr, prefix, errPath)
 		}
 		if err != nil {
 			att.closeOutput()
@@ -118,8 +129,9 @@ func (a *Agent) startAttempt(rk ranks, restart, number int, master workerEndpoin
 	return att, nil
 }
 
-// destination says where one stream of one worker goes.
-type destination struct{ console, file bool }
+// destination says where one stream of one worker goes; a tee'd stream
+// is also copied to the duplicates' file (--duplicate-*-filters).
+type destination struct{ console, file, teed bool }
 
 // sinkFor applies torchrun's rules: a redirected stream goes to its file
 // only, a tee'd one to file and console; --log-dir keeps files of every
@@ -137,15 +149,22 @@ func (a *Agent) sinkFor(localRank int, stdout bool, logs *logRoot) destination {
 	return destination{
 		console: shown && (teed || !redirected),
 		file:    logs.keepAll || redirected || teed,
+		teed:    teed,
 	}
 }
 
 // sink opens the writer for one stream: the console's prefixed line writer,
-// the log file, both, or nothing.
-func (att *attempt) sink(d destination, console *launcher.Console, prefix, path string) (io.Writer, error) {
+// the log file, both, or nothing; and the duplicates' writer when the
+// stream is tee'd and duplicates is set.
+func (att *attempt) sink(d destination, console, duplicates *launcher.Console, prefix, path string) (io.Writer, error) {
 	var ws []io.Writer
 	if d.console {
 		w := console.Writer(prefix)
+		att.closers = append(att.closers, w)
+		ws = append(ws, w)
+	}
+	if d.teed && duplicates != nil {
+		w := duplicates.Writer(prefix)
 		att.closers = append(att.closers, w)
 		ws = append(ws, w)
 	}
@@ -166,9 +185,38 @@ func (att *attempt) sink(d destination, console *launcher.Console, prefix, path 
 	return io.MultiWriter(ws...), nil
 }
 
+// duplicates opens the attempt's file of the lines that contain any of
+// filters, as torchrun's --duplicate-*-filters: a console of every local
+// rank's tee'd stream, prefixed as on the console. It is nil without filters.
+func (att *attempt) duplicates(filters []string, logs *logRoot, runID string, number int, name string) (*launcher.Console, error) {
+	if len(filters) == 0 {
+		return nil, nil
+	}
+	dir, _, _, _ := launcher.LogPaths(logs.dir, runID, number, 0)
+	dir = filepath.Dir(dir)
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return nil, fmt.Errorf("elastic: %s: %w", name, err)
+	}
+	f, err := os.Create(filepath.Join(dir, name))
+	if err != nil {
+		return nil, fmt.Errorf("elastic: %s: %w", name, err)
+	}
+	// Closed after the writers that write to it (closeOutput goes
+	// backwards), which flush their partial lines.
+	att.closers = append(att.closers, f)
+	return launcher.NewConsole(f, launcher.ConsoleOptions{Keep: func(line []byte) bool {
+		for _, s := range filters {
+			if bytes.Contains(line, []byte(s)) {
+				return true
+			}
+		}
+		return false
+	}}), nil
+}
+
 // closeOutput flushes partial console lines and closes the log files.
 func (att *attempt) closeOutput() {
-	for _, c := range att.closers {
+	for _, c := range slices.Backward(att.closers) {
 		c.Close()
 	}
 	att.closers = nil

@@ -175,3 +175,47 @@ func decodeFailures(b []byte) ([]Failure, error) {
 	}
 	return fs, nil
 }
+
+// WriteEvents prints torchelastic's status events for r as JSON lines, one
+// per failed worker (source WORKER) and one for the agent, in the shape
+// torch's console event handler prints: name, source, timestamp in
+// milliseconds, metadata (--event-log-handler console).
+func WriteEvents(w io.Writer, s Spec, r *Result, now time.Time) {
+	state := "SUCCEEDED"
+	switch {
+	case r.Interrupted != "":
+		state = "STOPPED"
+	case len(r.Failures) > 0:
+		state = "FAILED"
+	}
+	type event struct {
+		Name      string         `json:"name"`
+		Source    string         `json:"source"`
+		Timestamp int64          `json:"timestamp"`
+		Metadata  map[string]any `json:"metadata"`
+	}
+	meta := func(extra map[string]any) map[string]any {
+		m := map[string]any{
+			"run_id": s.RunID, "role": s.Role, "hostname": s.Host, "rdzv_backend": s.Backend,
+			"agent_restarts": r.Restarts, "state": state,
+		}
+		for k, v := range extra {
+			m[k] = v
+		}
+		return m
+	}
+	enc := json.NewEncoder(w)
+	for _, f := range r.Failures {
+		raw := ""
+		if f.Error != nil {
+			raw = f.Error.Message
+		}
+		enc.Encode(event{"torchelastic.worker.status.FAILED", "WORKER", f.When().UnixMilli(), meta(map[string]any{
+			"state": "FAILED", "global_rank": f.Rank, "local_rank": f.LocalRank, "hostname": f.Host,
+			"exit_code": f.ExitCode, "raw_error": raw,
+		})})
+	}
+	enc.Encode(event{"torchelastic.worker.status." + state, "AGENT", now.UnixMilli(), meta(map[string]any{
+		"exit_code": r.ExitCode, "signal": r.Interrupted,
+	})})
+}

@@ -20,6 +20,9 @@ type Spec struct {
 	Argv []string
 	// Python reports whether the program is a Python script or module.
 	Python bool
+	// Name is the program as reports name it: the script or module, not
+	// the interpreter (default Argv[0]).
+	Name string
 
 	NProcPerNode int
 	MinNodes     int
@@ -78,9 +81,17 @@ type Spec struct {
 	Tee       map[int]launcher.Std
 	// ConsoleRanks limits the console to these local ranks; nil shows all.
 	ConsoleRanks map[int]bool
-	// PrefixTemplate formats each console line's prefix (launcher.FormatPrefix).
+	// PrefixTemplate formats each console line's prefix (launcher.FormatPrefix);
+	// empty means none.
 	PrefixTemplate string
-	Timestamps     bool
+	// DuplicateStdout and DuplicateStderr copy the tee'd lines that contain
+	// any of them into the attempt's filtered_stdout.log or
+	// filtered_stderr.log, as torchrun's --duplicate-*-filters.
+	DuplicateStdout, DuplicateStderr []string
+	// EventLog prints torchelastic's events as JSON lines on stderr
+	// (--event-log-handler console).
+	EventLog   bool
+	Timestamps bool
 	// PTY gives workers a pseudo-terminal for stdout.
 	PTY bool
 	// Dir is the workers' working directory ("" = the agent's).
@@ -108,6 +119,9 @@ type DynamicSpec struct {
 	JoinTimeout, LastCallTimeout, CloseTimeout time.Duration
 	HeartbeatInterval                          time.Duration
 	HeartbeatMisses                            int
+	// HeartbeatTimeout bounds each heartbeat (torch's heartbeat_timeout);
+	// zero leaves it to ReadTimeout.
+	HeartbeatTimeout time.Duration
 	// ReadTimeout bounds connecting to the store.
 	ReadTimeout time.Duration
 	// FailureGrace is how long a worker failure waits for news of a lost

@@ -52,6 +52,14 @@ func (b Binding) CPUsFor(n int) ([][]int, error) {
 	if err := unix.SchedGetaffinity(0, &set); err != nil {
 		return nil, fmt.Errorf("read the CPUs this process may use: %w", err)
 	}
+	switch b {
+	case BindGPUNode, BindGPUSocket, BindGPUExclusive, BindGPUCoreComplex:
+		cpus, gpuNodes, err := topology(sysRoot, cpusOf(&set))
+		if err != nil {
+			return nil, err
+		}
+		return planNUMA(b, cpus, gpuNodes, n)
+	}
 	var groups [][]int // what worker i takes the (i mod len)-th of
 	if b == BindNUMA {
 		nodes, err := numaNodes(nodeRoot)

@@ -25,35 +25,65 @@ const timestampLayout = "2006-01-02T15:04:05.000Z07:00"
 var errWriterClosed = errors.New("launcher: console writer closed")
 
 // FormatPrefix expands torchrun's TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE
-// variables ${role_name}, ${local_rank} and ${rank}, plus gorun's ${host}.
-// Anything else, including unknown variables, is kept as written (torchrun's
-// safe_substitute does the same).
+// variables ${role_name}, ${local_rank}, ${rank} and ${hostname}, plus
+// ${host}, gorun's older name for the host. Anything else, including
+// unknown variables, is kept as written (torchrun's safe_substitute does
+// the same).
 func FormatPrefix(template string, role string, rank, localRank int, host string) string {
 	return strings.NewReplacer(
 		"${role_name}", role,
 		"${local_rank}", strconv.Itoa(localRank),
 		"${rank}", strconv.Itoa(rank),
+		"${hostname}", host,
 		"${host}", host,
 	).Replace(template)
+}
+
+// ParseLineFilters reads torchrun's --duplicate-*-filters: strings
+// separated by commas, ",," standing for a comma; empty ones are dropped.
+func ParseLineFilters(s string) []string {
+	var filters []string
+	var cur strings.Builder
+	for i := 0; i < len(s); i++ {
+		switch {
+		case s[i] != ',':
+			cur.WriteByte(s[i])
+		case i+1 < len(s) && s[i+1] == ',':
+			cur.WriteByte(',')
+			i++
+		default:
+			if cur.Len() > 0 {
+				filters = append(filters, cur.String())
+			}
+			cur.Reset()
+		}
+	}
+	if cur.Len() > 0 {
+		filters = append(filters, cur.String())
+	}
+	return filters
 }
 
 // ConsoleOptions configures a Console.
 type ConsoleOptions struct {
 	Timestamps bool             // start every line with the time it was written
 	Now        func() time.Time // clock for Timestamps (nil = time.Now)
+	// Keep, when set, prints only the lines it returns true for.
+	Keep func(line []byte) bool
 }
 
 // Console multiplexes many workers' output into one writer, whole lines at a
 // time, so that lines from different workers never interleave.
 type Console struct {
-	mu  sync.Mutex // serialises every write to out, and each writer's buffer
-	out io.Writer
-	now func() time.Time // nil when lines carry no timestamp
+	mu   sync.Mutex // serialises every write to out, and each writer's buffer
+	out  io.Writer
+	now  func() time.Time // nil when lines carry no timestamp
+	keep func(line []byte) bool
 }
 
 // NewConsole returns a Console writing to out.
 func NewConsole(out io.Writer, opts ConsoleOptions) *Console {
-	c := &Console{out: out}
+	c := &Console{out: out, keep: opts.Keep}
 	if opts.Timestamps {
 		c.now = opts.Now
 		if c.now == nil {
@@ -64,7 +94,8 @@ func NewConsole(out io.Writer, opts ConsoleOptions) *Console {
 }
 
 // Writer returns a writer for one stream: it cuts the bytes written to it
-// into lines and prints each whole line as prefix+line+"\n". "\r\n" endings
+// into lines and prints each whole line as prefix+line+"\n" (line+"\n"
+// when the line starts with prefix already). "\r\n" endings
 // become "\n". Close prints a pending partial line. It is safe to use from
 // several goroutines.
 func (c *Console) Writer(prefix string) io.WriteCloser {
@@ -141,9 +172,17 @@ func (w *lineWriter) emitLong(out *bytes.Buffer, stamp string, line []byte) []by
 	return line
 }
 
+// emit prints one line with its prefix, unless the line already starts
+// with it: torch 2.x workers prefix their own tracebacks "[rank1]: ", and
+// gorun's default prefix would say it twice.
 func (w *lineWriter) emit(out *bytes.Buffer, stamp string, line []byte) {
+	if w.console.keep != nil && !w.console.keep(line) {
+		return
+	}
 	out.WriteString(stamp)
-	out.WriteString(w.prefix)
+	if !bytes.HasPrefix(line, []byte(w.prefix)) {
+		out.WriteString(w.prefix)
+	}
 	out.Write(line)
 	out.WriteByte('\n')
 }

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -18,6 +19,8 @@ func TestFormatPrefix(t *testing.T) {
 		{DefaultPrefixTemplate, "[rank5]: "},
 		{"[${role_name}${local_rank}]:", "[trainer1]:"},
 		{"${host}:${rank} ${unknown} $rank", "node0:5 ${unknown} $rank"},
+		{"${hostname}|${host}> ", "node0|node0> "},
+		{"", ""},
 	}
 	for _, tt := range tests {
 		if got := FormatPrefix(tt.template, "trainer", 5, 1, "node0"); got != tt.want {
@@ -140,6 +143,46 @@ func chunks(s string, n int) func(func(string) bool) {
 			if !yield(piece) {
 				return
 			}
+		}
+	}
+}
+
+// A line that starts with the prefix already (torch 2.x prefixes its own
+// tracebacks "[rank1]: ") is not prefixed twice; Keep drops lines.
+func TestConsolePrefixOnceAndKeep(t *testing.T) {
+	var out bytes.Buffer
+	c := NewConsole(&out, ConsoleOptions{Keep: func(line []byte) bool { return !bytes.Contains(line, []byte("drop")) }})
+	w := c.Writer("[rank1]: ")
+	fmt.Fprint(w, "[rank1]: Traceback\nplain\n[rank2]: other\ndrop me\n[rank1]:no space\n")
+	w.Close()
+	want := "[rank1]: Traceback\n[rank1]: plain\n[rank1]: [rank2]: other\n[rank1]: [rank1]:no space\n"
+	if out.String() != want {
+		t.Errorf("got %q, want %q", out.String(), want)
+	}
+	out.Reset()
+	w = NewConsole(&out, ConsoleOptions{}).Writer("")
+	fmt.Fprint(w, "a\nb")
+	w.Close()
+	if out.String() != "a\nb\n" {
+		t.Errorf("no prefix: got %q", out.String())
+	}
+}
+
+func TestParseLineFilters(t *testing.T) {
+	for _, tc := range []struct {
+		in   string
+		want []string
+	}{
+		{"", nil},
+		{"apple,orange", []string{"apple", "orange"}},
+		{"a,,b", []string{"a,b"}},
+		{",x,,", []string{"x,"}},
+		{"loss,,,acc", []string{"loss,", "acc"}},
+		{",,", []string{","}},
+		{"a,", []string{"a"}},
+	} {
+		if got := ParseLineFilters(tc.in); !slices.Equal(got, tc.want) {
+			t.Errorf("ParseLineFilters(%q) = %q, want %q", tc.in, got, tc.want)
 		}
 	}
 }

@@ -80,6 +80,10 @@ type DynamicOptions struct {
 	// observer's clock is dead.
 	HeartbeatInterval time.Duration
 	HeartbeatMisses   int
+	// HeartbeatTimeout, when positive, bounds each heartbeat: one that
+	// takes longer fails, as torch's heartbeat_timeout bounds its
+	// keep-alives.
+	HeartbeatTimeout time.Duration
 	// HeartbeatStore, when set, carries the heartbeats instead of the main
 	// store: a second connection, so that long blocking calls on the first
 	// (the agent's own waits on Round.Store included) cannot delay them,

@@ -61,7 +61,13 @@ func (d *Dynamic) watchRound(ctx context.Context, ri *RoundInfo, st jobState) {
 	var failingSince time.Time
 
 	tick := func() (reason string, err error) {
-		if _, err := d.beats.Add(ctx, heartbeatKey(o.NodeID), 1); err != nil {
+		beatCtx, cancel := ctx, context.CancelFunc(func() {})
+		if o.HeartbeatTimeout > 0 {
+			beatCtx, cancel = context.WithTimeout(ctx, o.HeartbeatTimeout)
+		}
+		_, err = d.beats.Add(beatCtx, heartbeatKey(o.NodeID), 1)
+		cancel()
+		if err != nil {
 			return "", err
 		}
 		if next != nil {

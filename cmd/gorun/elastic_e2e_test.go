@@ -92,7 +92,7 @@ func (a *agent) wait(t *testing.T, d time.Duration) int {
 func elasticJob(t *testing.T, nnodes string, extra ...string) []string {
 	port := strconv.Itoa(freePort(t))
 	return append([]string{
-		"--nnodes", nnodes, "--nproc-per-node", "2",
+		"--nnodes", nnodes, "--nproc-per-node", "2", "--rdzv-backend", "c10d",
 		"--rdzv-endpoint", "127.0.0.1:" + port, "--rdzv-id", t.Name(),
 		"--rdzv-conf", "last_call_timeout=1.5,heartbeat_interval=0.25,heartbeat_misses=3",
 	}, extra...)
@@ -201,11 +201,11 @@ func TestElasticGlobalRestartBudget(t *testing.T) {
 // Flags that do nothing with the chosen backend are reported, not ignored.
 func TestInertFlagsAreWarnedAbout(t *testing.T) {
 	endpoint := "127.0.0.1:" + strconv.Itoa(freePort(t))
-	j := gorun(t, nil, "--rdzv-endpoint", endpoint, "--master-port", "1234", "--rdzv-conf", "bogus=1,last_call_timeout=0", "true")
+	j := gorun(t, nil, "--rdzv-backend", "c10d", "--rdzv-endpoint", endpoint, "--master-port", "1234", "--rdzv-conf", "bogus=1,last_call_timeout=0", "true")
 	if j.code != 0 {
 		t.Fatalf("job failed:\n%s", j)
 	}
-	for _, want := range []string{"--master-port has no effect with --rdzv-backend c10d", "--rdzv-conf bogus has no effect"} {
+	for _, want := range []string{"--master-port has no effect with --rdzv-backend c10d", "--rdzv-conf bogus is not a rendezvous setting"} {
 		if !strings.Contains(j.stderr, want) {
 			t.Errorf("missing warning %q:\n%s", want, j.stderr)
 		}
@@ -220,7 +220,7 @@ func TestInertFlagsAreWarnedAbout(t *testing.T) {
 // join_timeout for new ones, then fails saying so.
 func TestElasticFailsBelowMinimumNodes(t *testing.T) {
 	port := strconv.Itoa(freePort(t))
-	args := []string{"--nnodes", "2", "--nproc-per-node", "1", "--rdzv-endpoint", "127.0.0.1:" + port, "--rdzv-id", "min",
+	args := []string{"--nnodes", "2", "--nproc-per-node", "1", "--rdzv-backend", "c10d", "--rdzv-endpoint", "127.0.0.1:" + port, "--rdzv-id", "min",
 		"--rdzv-conf", "heartbeat_interval=0.2,heartbeat_misses=2,join_timeout=2", "sleep", "30"}
 	host := startAgent(t, args...)
 	time.Sleep(200 * time.Millisecond) // the store's host first

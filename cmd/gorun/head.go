@@ -47,7 +47,7 @@ func headFlags() []cli.Flag {
 }
 
 // headMode reports whether the command line asks for an SSH launch.
-func headMode(c *cli.Context) bool {
+func headMode(c flagValues) bool {
 	return c.String("hosts") != "" || c.String("hostfile") != ""
 }
 

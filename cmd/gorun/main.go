@@ -5,6 +5,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -57,7 +58,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "gorun: %v\nRun 'gorun --help' for usage.\n", ue.err)
 		return exitUsage
 	case isFlagError(err):
-		fmt.Fprintf(stderr, "gorun: %v\nRun 'gorun --help' for usage.\n", err)
+		fmt.Fprintf(stderr, "gorun: %s\nRun 'gorun --help' for usage.\n", flagErrorAsTyped(err, args[1:]))
 		return exitUsage
 	default:
 		fmt.Fprintf(stderr, "gorun: %v\n", err)
@@ -72,6 +73,33 @@ func isFlagError(err error) bool {
 	return strings.HasPrefix(msg, "flag provided but not defined") ||
 		strings.HasPrefix(msg, "invalid value") ||
 		strings.HasPrefix(msg, "flag needs an argument")
+}
+
+// flagErrorAsTyped rewrites the standard flag package's message, which
+// names every flag with one dash ("-start-method"), with the flag as the
+// user typed it ("--start-method"): the first argument that spells it.
+func flagErrorAsTyped(err error, args []string) string {
+	msg := err.Error()
+	i := strings.Index(msg, ": -")
+	if i < 0 {
+		return msg
+	}
+	bare, rest, _ := strings.Cut(msg[i+3:], " ")
+	name := "-" + bare
+	for _, a := range args {
+		if a == "--" {
+			break
+		}
+		typed, _, _ := strings.Cut(a, "=")
+		if strings.HasPrefix(typed, "-") && strings.TrimLeft(typed, "-") == bare {
+			name = typed
+			break
+		}
+	}
+	if rest != "" {
+		rest = " " + rest
+	}
+	return msg[:i+2] + name + rest
 }
 
 func newApp(stdout, stderr io.Writer, status *int) *cli.App {
@@ -92,6 +120,9 @@ func newApp(stdout, stderr io.Writer, status *int) *cli.App {
 		Writer:                    stdout,
 		ErrWriter:                 stderr,
 		ExitErrHandler:            func(*cli.Context, error) {},
+		// A malformed command line gets one line naming what is wrong
+		// (see run), not the help on stdout.
+		OnUsageError: func(_ *cli.Context, err error, _ bool) error { return err },
 		Action: func(c *cli.Context) error {
 			if c.NArg() == 0 {
 				return usageError{errors.New("no program given: gorun [flags] PROGRAM [ARGS...]")}
@@ -153,7 +184,10 @@ func launch(ctx context.Context, spec elastic.Spec, log zerolog.Logger, stdout, 
 		release(false)
 		return 0, err
 	}
-	elastic.WriteReport(stderr, spec.Argv[0], result)
+	elastic.WriteReport(stderr, cmp.Or(spec.Name, spec.Argv[0]), result)
+	if spec.EventLog {
+		elastic.WriteEvents(stderr, spec, result, time.Now())
+	}
 	// A job that ended, rather than this agent being stopped, leaves the
 	// store up while other agents still read how it ended.
 	release(result.Interrupted == "")
@@ -239,6 +273,7 @@ func newDynamic(ctx context.Context, spec *elastic.Spec, log zerolog.Logger) (re
 		CloseTimeout:      d.CloseTimeout,
 		HeartbeatInterval: d.HeartbeatInterval,
 		HeartbeatMisses:   d.HeartbeatMisses,
+		HeartbeatTimeout:  d.HeartbeatTimeout,
 		HeartbeatStore:    ep.Heartbeats,
 		MaxRestarts:       spec.MaxRestarts,
 		Logger:            log,
