@@ -133,11 +133,15 @@ func planHead(c *cli.Context, spec elastic.Spec, log zerolog.Logger, stdout, std
 		return nil, usageError{errors.Join(errs...)}
 	}
 
-	prefix := cmp.Or(c.String("log-line-prefix-template"), "[${host}:${rank}]: ")
+	prefix := "[${hostname}:${rank}]: "
+	if c.IsSet("log-line-prefix-template") {
+		prefix = c.String("log-line-prefix-template")
+	}
 	common := []string{"--nnodes", strconv.Itoa(len(hosts))}
 	var passed []string
 	for _, name := range []string{"rdzv-conf", "shutdown-timeout", "python", "role", "monitor-interval",
-		"redirects", "tee", "local-ranks-filter", "signals-to-handle", "hang-timeout", "log-dir", "log-format", "log-level", "backend", "bind-to"} {
+		"redirects", "tee", "local-ranks-filter", "signals-to-handle", "hang-timeout", "log-dir", "log-format", "log-level", "backend", "bind-to",
+		"numa-binding", "duplicate-stdout-filters", "duplicate-stderr-filters", "event-log-handler"} {
 		if c.IsSet(name) {
 			passed = append(passed, "--"+name, c.String(name))
 		}
