@@ -24,14 +24,14 @@ const torchrunMasterPort = 29500
 func doctorCommand(stdout io.Writer) *cli.Command {
 	return &cli.Command{
 		Name:  "doctor",
-		Usage: "report this node's GPUs, NCCL and CUDA libraries, network interfaces and store port",
+		Usage: "report this node's GPUs, Python and torch, NCCL and CUDA libraries, network interfaces and store port",
 		Description: "Prints what a job started here would meet. Nothing is changed; a missing GPU or\n" +
 			"library is reported, not an error. The store port checked is --rdzv-endpoint's, else\n" +
 			"--master-port, else the Slurm step's, else torchrun's default 29500.",
 		Flags: []cli.Flag{
 			stringFlag("master-port", "", "store port to check (default 29500)"),
 			stringFlag("rdzv-endpoint", "", "rendezvous store HOST[:PORT] whose port to check (default port 29400)"),
-			stringFlag("python", "", "Python interpreter whose site-packages are searched for NCCL (default $PYTHON_EXEC or python3)"),
+			stringFlag("python", "", "Python interpreter to report on (its torch, gloo and NCCL) and whose site-packages are searched for NCCL (default $PYTHON_EXEC or python3)"),
 		},
 		Action: func(c *cli.Context) error {
 			port, err := doctorStorePort(c, os.LookupEnv)

@@ -1,6 +1,7 @@
 // Package doctor writes gorun doctor's report: what a job started on this
 // node would meet. Its sections are the host (name, what the name resolves
-// to, CPUs), the GPUs NVML lists, the NCCL and CUDA driver libraries the
+// to, CPUs), the GPUs NVML lists, the Python interpreter and its torch,
+// the NCCL and CUDA driver libraries the
 // NCCL backend would load, the network interfaces, whether the store port
 // is free, and the Slurm step. A missing GPU or library is part of the
 // report, not an error.
@@ -42,6 +43,8 @@ type Config struct {
 	// Libraries finds and probes NCCL and the CUDA driver: a cuda.Search
 	// reading LookupEnv and asking Python.
 	Libraries Libraries
+	// AskPython runs the interpreter and reports on it and its torch.
+	AskPython func(ctx context.Context, python string) (PythonInfo, error)
 }
 
 // withDefaults fills the fields left nil with this node's.
@@ -66,6 +69,9 @@ func (c Config) withDefaults() Config {
 	}
 	pythonExec, _ := c.LookupEnv("PYTHON_EXEC")
 	c.Python = cmp.Or(c.Python, pythonExec, launcher.DefaultPython)
+	if c.AskPython == nil {
+		c.AskPython = AskPython
+	}
 	if c.Libraries == nil {
 		c.Libraries = cuda.Search{LookupEnv: c.LookupEnv, Python: c.Python}
 	}
@@ -79,6 +85,7 @@ func Write(ctx context.Context, w io.Writer, cfg Config) error {
 	r := &report{w: w}
 	writeHost(ctx, r, cfg.Hostname, cfg.LookupHost)
 	writeGPUs(r, cfg.NVML, cfg.LookupEnv)
+	writePython(ctx, r, cfg.Python, cfg.AskPython)
 	writeLibraries(ctx, r, cfg.Libraries, cfg.Python, cfg.LookupEnv, cfg.Environ())
 	writeNetwork(r, cfg.Interfaces, cfg.LookupEnv)
 	writePort(r, cfg.StorePort)

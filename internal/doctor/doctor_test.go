@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"os/exec"
 	"strconv"
 	"strings"
 	"testing"
@@ -26,6 +27,9 @@ func fakeNode(port StorePort, environ ...string) Config {
 		},
 		NVML:      noDriver{},
 		Libraries: fakeLibraries{},
+		AskPython: func(context.Context, string) (PythonInfo, error) {
+			return PythonInfo{Executable: "/usr/bin/python3", Version: "3.11.2", Torch: "2.6.0", Gloo: true, NCCL: true, NCCLVersion: "2.21.5", CUDA: "12.4"}, nil
+		},
 	}
 }
 
@@ -35,7 +39,7 @@ func TestReportSections(t *testing.T) {
 		t.Fatal(err)
 	}
 	last := -1
-	for _, section := range []string{"== Host\n", "== GPUs (NVML)\n", "== NCCL and CUDA libraries\n", "== Network interfaces\n", "== Store port\n", "== Slurm\n"} {
+	for _, section := range []string{"== Host\n", "== GPUs (NVML)\n", "== Python\n", "== NCCL and CUDA libraries\n", "== Network interfaces\n", "== Store port\n", "== Slurm\n"} {
 		at := strings.Index(b.String(), section)
 		if at < 0 || at < last {
 			t.Errorf("no %q after the previous section:\n%s", section, b.String())
@@ -162,5 +166,42 @@ func TestSlurmSection(t *testing.T) {
 		var b strings.Builder
 		writeSlurm(&report{w: &b}, tc.environ)
 		wantLines(t, b.String(), tc.want...)
+	}
+}
+
+func TestPythonSection(t *testing.T) {
+	for _, tc := range []struct {
+		info PythonInfo
+		err  error
+		want string
+	}{
+		{PythonInfo{Executable: "/usr/bin/python3", Version: "3.11.2", Torch: "2.6.0", Gloo: true, NCCL: true, NCCLVersion: "2.21.5", CUDA: "12.4"}, nil,
+			"interpreter: /usr/bin/python3 (Python 3.11.2), from python3\ntorch: 2.6.0\n  gloo: yes\n  nccl: yes, NCCL 2.21.5, CUDA 12.4\n"},
+		{PythonInfo{Executable: "/v/bin/python", Version: "3.12.1", TorchError: "ModuleNotFoundError: No module named 'torch'"}, nil,
+			"torch: does not import: ModuleNotFoundError: No module named 'torch' (install python3-torch"},
+		{PythonInfo{}, errors.New("exec: not found"), "python3: cannot run it: exec: not found"},
+	} {
+		cfg := fakeNode(StorePort{Port: freePort(t), Source: "test"})
+		cfg.AskPython = func(context.Context, string) (PythonInfo, error) { return tc.info, tc.err }
+		var b strings.Builder
+		if err := Write(context.Background(), &b, cfg); err != nil {
+			t.Fatal(err)
+		}
+		wantLines(t, b.String(), tc.want)
+	}
+}
+
+// AskPython asks a real interpreter; this one has no torch, or has it.
+func TestAskPython(t *testing.T) {
+	py, err := exec.LookPath("python3")
+	if err != nil {
+		t.Skip("no python3 on PATH (apt-get install python3)")
+	}
+	info, err := AskPython(context.Background(), py)
+	if err != nil || info.Version == "" || info.Executable == "" || (info.Torch == "") == (info.TorchError == "") {
+		t.Errorf("got %+v, %v; want a version, a path, and torch's version or why it does not import", info, err)
+	}
+	if _, err := AskPython(context.Background(), "/bin/false"); err == nil {
+		t.Error("an interpreter that fails: no error")
 	}
 }
