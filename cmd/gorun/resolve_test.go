@@ -74,15 +74,33 @@ func resolveWith(t *testing.T, set map[string]string, lookupEnv func(string) (st
 	return resolve(newFakeFlags(set), []string{"train.py", "--lr", "0.1"}, testMachine(lookupEnv))
 }
 
+// resolveCase is a command line and what resolve must make of it.
+type resolveCase struct {
+	name string
+	set  map[string]string
+	env  func(string) (string, bool)
+	// want checks the spec; wantErr is part of the error.
+	want    func(elastic.Spec) bool
+	wantErr string
+}
+
+func (tc resolveCase) check(t *testing.T) {
+	t.Helper()
+	res, err := resolveWith(t, tc.set, tc.env)
+	switch {
+	case tc.wantErr != "":
+		if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
+			t.Fatalf("error %v; want one naming %q", err, tc.wantErr)
+		}
+	case err != nil:
+		t.Fatalf("error %v", err)
+	case !tc.want(res.spec):
+		t.Errorf("spec not as wanted: %+v", res.spec)
+	}
+}
+
 func TestResolveRendezvous(t *testing.T) {
-	for _, tc := range []struct {
-		name string
-		set  map[string]string
-		env  func(string) (string, bool)
-		// want checks the spec; wantErr is part of the error.
-		want    func(elastic.Spec) bool
-		wantErr string
-	}{
+	for _, tc := range []resolveCase{
 		{name: "one node: static on an ephemeral port", set: nil,
 			want: func(s elastic.Spec) bool { return s.Backend == "static" && s.MasterPort == 0 && s.NodeRank == 0 }},
 		{name: "static endpoint names the store, as torchrun's",
@@ -137,19 +155,7 @@ func TestResolveRendezvous(t *testing.T) {
 					s.Dynamic.Host == "n1" && s.Dynamic.Port == 29442 && slices.Contains(s.Signals, 10)
 			}},
 	} {
-		t.Run(tc.name, func(t *testing.T) {
-			res, err := resolveWith(t, tc.set, tc.env)
-			switch {
-			case tc.wantErr != "":
-				if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
-					t.Fatalf("error %v; want one naming %q", err, tc.wantErr)
-				}
-			case err != nil:
-				t.Fatalf("error %v", err)
-			case !tc.want(res.spec):
-				t.Errorf("spec not as wanted: %+v", res.spec)
-			}
-		})
+		t.Run(tc.name, func(t *testing.T) { tc.check(t) })
 	}
 }
 
@@ -182,13 +188,7 @@ func TestResolveNamesUnusedRdzvConf(t *testing.T) {
 }
 
 func TestResolveOutput(t *testing.T) {
-	for _, tc := range []struct {
-		name    string
-		set     map[string]string
-		env     func(string) (string, bool)
-		want    func(elastic.Spec) bool
-		wantErr string
-	}{
+	for _, tc := range []resolveCase{
 		{name: "default prefix", want: func(s elastic.Spec) bool { return s.PrefixTemplate == "[rank${rank}]: " }},
 		{name: "an empty template turns the prefix off",
 			set: map[string]string{"log-line-prefix-template": ""}, want: func(s elastic.Spec) bool { return s.PrefixTemplate == "" }},
@@ -209,19 +209,7 @@ func TestResolveOutput(t *testing.T) {
 		{name: "redirects for a rank beyond nproc", set: map[string]string{"nproc-per-node": "2", "redirects": "2:1"}, wantErr: "--redirects"},
 		{name: "pty", set: map[string]string{"pty": "sometimes"}, wantErr: `--pty "sometimes"`},
 	} {
-		t.Run(tc.name, func(t *testing.T) {
-			res, err := resolveWith(t, tc.set, tc.env)
-			switch {
-			case tc.wantErr != "":
-				if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
-					t.Fatalf("error %v; want one naming %q", err, tc.wantErr)
-				}
-			case err != nil:
-				t.Fatalf("error %v", err)
-			case !tc.want(res.spec):
-				t.Errorf("spec not as wanted: %+v", res.spec)
-			}
-		})
+		t.Run(tc.name, func(t *testing.T) { tc.check(t) })
 	}
 }
 
