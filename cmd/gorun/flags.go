@@ -317,6 +317,9 @@ func specFromFlags(c *cli.Context, stderr io.Writer) (elastic.Spec, zerolog.Logg
 		fail(fmt.Errorf("--backend %q: want auto, nccl or tcp", backend))
 	}
 	s.LogDir = c.String("log-dir")
+	// torch's LocalElasticAgent serves its file-timer watchdog on these.
+	s.FileTimer = os.Getenv("TORCHELASTIC_ENABLE_FILE_TIMER") == "1"
+	s.TimerFile = os.Getenv("TORCHELASTIC_TIMER_FILE")
 	if v := strings.TrimSpace(c.String("hang-timeout")); v != "" {
 		if s.HangTimeout, err = time.ParseDuration(v); err != nil {
 			f, ferr := strconv.ParseFloat(v, 64)
