@@ -54,8 +54,9 @@ const (
 	// more than PIPE_BUF (4 KiB) at once. Longer lines are skipped whole.
 	maxTimerLine = 64 << 10
 	// maxTimerScopes bounds the scopes held at once, so that a worker
-	// acquiring scope after scope cannot grow the agent without end.
-	maxTimerScopes = 1 << 14
+	// acquiring scope after scope cannot grow the agent without end, nor
+	// slow its loop, which looks at them all on every request.
+	maxTimerScopes = 1 << 12
 	// timerRecheck is the longest the agent waits before it looks at the
 	// clock again while a scope is held: expiry is by the wall clock,
 	// which may step.
