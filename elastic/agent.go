@@ -227,6 +227,9 @@ func (a *Agent) runRound(ctx context.Context, r *round, attempt int, logs *logRo
 		return outcome{}, err
 	}
 	defer release()
+	if attempt == 0 {
+		a.warnHangTimeoutBlind()
+	}
 	att, err := a.startAttempt(r.ranks, r.restarts, attempt, master, logs)
 	if err != nil {
 		return outcome{}, err
@@ -325,7 +328,9 @@ type outcome struct {
 // first. Exits that follow a stop are its consequence, not failures. With
 // --hang-timeout, a hang is a failure too: the stuck workers' exits, after
 // they dumped their stacks, are the failures, and the group stops once
-// they have all exited or had hangDumpWait to.
+// they have all exited or had hangDumpWait to. With the file-timer
+// watchdog, a worker whose scope expired is signalled, and its exit, if it
+// fails, is a failure that names the scope.
 func (a *Agent) watch(ctx context.Context, att *attempt, changed <-chan struct{}) outcome {
 	var out outcome
 	stopping, stopped := false, make(chan struct{})
@@ -341,6 +346,8 @@ func (a *Agent) watch(ctx context.Context, att *attempt, changed <-chan struct{}
 	}
 	hang := a.startHangCheck(att)
 	defer hang.stop()
+	timers := a.startFileTimer(att)
+	defer timers.stop()
 	done := ctx.Done()
 	for exits := att.group.Exits(); exits != nil; {
 		select {
@@ -349,11 +356,15 @@ func (a *Agent) watch(ctx context.Context, att *attempt, changed <-chan struct{}
 				exits = nil
 				continue
 			}
+			reaped, byWatchdog := timers.exited(e.LocalRank)
 			if stuck, all := hang.exited(e.LocalRank); stuck {
 				out.failures = append(out.failures, hang.failure(e.LocalRank, att.failure(e, a.spec.Host)))
 				if all {
 					stop(syscall.SIGTERM)
 				}
+			} else if byWatchdog && e.Failed() {
+				out.failures = append(out.failures, reaped.failure(att.failure(e, a.spec.Host)))
+				stop(syscall.SIGTERM)
 			} else if e.Failed() && !hang.hung() && (!stopping || failedOnItsOwn(e, out)) {
 				out.failures = append(out.failures, att.failure(e, a.spec.Host))
 				stop(syscall.SIGTERM)
@@ -364,6 +375,12 @@ func (a *Agent) watch(ctx context.Context, att *attempt, changed <-chan struct{}
 			}
 		case <-hang.dumped():
 			stop(syscall.SIGTERM)
+		case r := <-timers.requests():
+			timers.handle(r)
+		case <-timers.due():
+			if !stopping {
+				timers.check()
+			}
 		case s := <-a.opts.Signals:
 			sig, _ := s.(syscall.Signal)
 			if isNotice(sig) {

@@ -20,10 +20,15 @@ type attempt struct {
 	group      *launcher.Group
 	errorFiles map[int]string // by slot (launcher.Exit.LocalRank)
 	progress   []progressFile // with --hang-timeout
-	closers    []io.Closer
+	// timerPipe is the file-timer watchdog's pipe (Spec.FileTimer), also
+	// among the closers.
+	timerPipe *timerPipe
+	closers   []io.Closer
 	// firstLocalRank is the local rank of slot 0: non-zero when a
 	// scheduler placed this node's one worker (Spec.Placement).
 	firstLocalRank int
+	// baseRank is the global rank of slot 0.
+	baseRank int
 }
 
 // startAttempt builds every worker's environment and output sinks and
@@ -32,7 +37,7 @@ type attempt struct {
 // folder.
 func (a *Agent) startAttempt(rk ranks, restart, number int, master workerEndpoint, logs *logRoot) (*attempt, error) {
 	s := a.spec
-	att := &attempt{errorFiles: make(map[int]string, s.NProcPerNode)}
+	att := &attempt{errorFiles: make(map[int]string, s.NProcPerNode), baseRank: rk.BaseRank}
 	stdout := launcher.NewConsole(a.opts.Stdout, launcher.ConsoleOptions{Timestamps: s.Timestamps, Now: a.now})
 	stderr := launcher.NewConsole(a.opts.Stderr, launcher.ConsoleOptions{Timestamps: s.Timestamps, Now: a.now})
 	// Where the workers sit as they see it: in the node the rendezvous
@@ -42,6 +47,15 @@ func (a *Agent) startAttempt(rk ranks, restart, number int, master workerEndpoin
 	if p := s.Placement; p != nil {
 		att.firstLocalRank, localWorldSize = p.LocalRank, p.LocalWorldSize
 		groupRank, groupWorldSize = p.NodeRank, p.NNodes
+	}
+	base := s.Env
+	if s.FileTimer {
+		p, err := openTimerPipe(a.timerFile(logs, number), a.log)
+		if err != nil {
+			return nil, err
+		}
+		att.timerPipe, att.closers = p, append(att.closers, p)
+		base = append(slices.Clip(s.Env), timerFileEnv+"="+p.path)
 	}
 	dupOut, err := att.duplicates(s.DuplicateStdout, logs, s.RunID, number, "filtered_stdout.log")
 	var dupErr *launcher.Console
@@ -66,7 +80,7 @@ func (a *Agent) startAttempt(rk ranks, restart, number int, master workerEndpoin
 		}
 		att.errorFiles[slot] = errorFile
 		env := launcher.Env{
-			Base:      s.Env,
+			Base:      base,
 			LocalRank: lr, Rank: rank, LocalWorldSize: localWorldSize, WorldSize: rk.WorldSize,
 			GroupRank: groupRank, GroupWorldSize: groupWorldSize,
 			RoleName: s.Role, RoleRank: rk.BaseRoleRank + slot, RoleWorldSize: rk.RoleSize,
@@ -214,7 +228,8 @@ func (att *attempt) duplicates(filters []string, logs *logRoot, runID string, nu
 	}}), nil
 }
 
-// closeOutput flushes partial console lines and closes the log files.
+// closeOutput flushes partial console lines and closes the log files and
+// the watchdog's pipe.
 func (att *attempt) closeOutput() {
 	for _, c := range slices.Backward(att.closers) {
 		c.Close()

@@ -166,6 +166,15 @@ func (a *Agent) startHangCheck(att *attempt) *hangCheck {
 	return h
 }
 
+// warnHangTimeoutBlind warns that --hang-timeout cannot see workers that
+// do not use the runtime, and points to what can.
+func (a *Agent) warnHangTimeoutBlind() {
+	if a.spec.HangTimeout > 0 && a.spec.Python {
+		a.log.Warn().Msg("--hang-timeout only sees workers that use gorun's Go runtime: it has no effect on Python workers; " +
+			"for them, set TORCHELASTIC_ENABLE_FILE_TIMER=1 and wrap steps in torch.distributed.elastic.timer.expires(after=...)")
+	}
+}
+
 func readCounter(f *os.File) (uint64, error) {
 	var b [8]byte
 	if _, err := f.ReadAt(b[:], 0); err != nil {

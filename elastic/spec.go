@@ -71,6 +71,14 @@ type Spec struct {
 	// which a worker that uses the runtime made no progress for that long:
 	// see hang.go. Zero is off.
 	HangTimeout time.Duration
+	// FileTimer serves torch's file-timer watchdog
+	// (TORCHELASTIC_ENABLE_FILE_TIMER=1): workers acquire scopes with
+	// torch.distributed.elastic.timer.expires through a named pipe, and
+	// one that overstays a scope is killed. See filetimer.go.
+	FileTimer bool
+	// TimerFile is the watchdog's named pipe (TORCHELASTIC_TIMER_FILE);
+	// empty puts it in the agent's log folder.
+	TimerFile string
 
 	// LogDir receives <run_id>/attempt_<k>/<local_rank>/{stdout,stderr}.log;
 	// empty means a temporary folder that holds only the error files.

@@ -188,6 +188,26 @@ func (g *Group) Signal(sig syscall.Signal) error {
 	return errors.Join(errs...)
 }
 
+// SignalWorker sends sig to the process of the worker in slot (its
+// WorkerSpec's position) alone, not to its process group, unless the
+// worker has exited: once it is reaped its pid may name another process.
+// A worker that stops on sig takes its group along when it is reaped.
+func (g *Group) SignalWorker(slot int, sig syscall.Signal) error {
+	if slot < 0 || slot >= len(g.workers) {
+		return fmt.Errorf("launcher: no worker in slot %d", slot)
+	}
+	w := g.workers[slot]
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.exited {
+		return nil
+	}
+	if err := syscall.Kill(w.pid, sig); err != nil && !errors.Is(err, syscall.ESRCH) {
+		return fmt.Errorf("launcher: signal local rank %d (pid %d): %w", w.localRank, w.pid, err)
+	}
+	return nil
+}
+
 // Stop sends sig to every live worker's process group, waits up to grace for
 // them to end, SIGKILLs the groups still alive, and waits (bounded) until
 // every worker has been reaped and its output copied.

@@ -261,6 +261,45 @@ func TestSignalReachesGrandchildren(t *testing.T) {
 	}
 }
 
+// SignalWorker reaches one worker and no other, and once that worker is
+// reaped it sends nothing: its pid may be another process's by then.
+func TestSignalWorkerReachesOneWorker(t *testing.T) {
+	t.Parallel()
+	out := newWaitingWriter()
+	const loop = "while :; do sleep 0.05; done"
+	g, err := StartGroup([]WorkerSpec{
+		{LocalRank: 0, Argv: sh(`trap "echo zero got USR1" USR1; trap "echo zero got USR2; exit 6" USR2; echo ready0; ` + loop), Stdout: out},
+		{LocalRank: 1, Argv: sh(`trap "echo one got USR1; exit 5" USR1; echo ready1; ` + loop), Stdout: out},
+	}, GroupOptions{Logger: testLogger(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	out.waitFor(t, "ready0", "ready1") // the traps are set
+	if err := g.SignalWorker(1, syscall.SIGUSR1); err != nil {
+		t.Fatal(err)
+	}
+	if exit := <-g.Exits(); exit.LocalRank != 1 || exit.ExitCode != 5 {
+		t.Fatalf("first exit %s of local rank %d, want exitcode 5 of local rank 1", exit, exit.LocalRank)
+	}
+	if err := g.SignalWorker(1, syscall.SIGKILL); err != nil {
+		t.Errorf("SignalWorker after the worker exited: %v", err)
+	}
+	if err := g.SignalWorker(2, syscall.SIGKILL); err == nil {
+		t.Error("SignalWorker of a slot that does not exist: no error")
+	}
+	// Had local rank 0 got USR1 too, its shell would run that trap
+	// before USR2's, which ends it.
+	if err := g.SignalWorker(0, syscall.SIGUSR2); err != nil {
+		t.Fatal(err)
+	}
+	if exit := collectExits(t, g); len(exit) != 1 || exit[0].ExitCode != 6 {
+		t.Fatalf("local rank 0: %v, want exitcode 6", exit)
+	}
+	if got := out.String(); strings.Contains(got, "zero got USR1") || !strings.Contains(got, "zero got USR2") {
+		t.Errorf("local rank 0 must get USR2 only; output %q", got)
+	}
+}
+
 func TestReapKillsLeftoverChildren(t *testing.T) {
 	t.Parallel()
 	out := newWaitingWriter()

@@ -417,6 +417,9 @@ func (r *resolver) output(s *elastic.Spec) {
 		r.fail(fmt.Errorf("--pty %q: want auto, always or never", mode))
 	}
 	s.LogDir = f.String("log-dir")
+	// torch's LocalElasticAgent serves its file-timer watchdog on these.
+	s.FileTimer = r.env("TORCHELASTIC_ENABLE_FILE_TIMER") == "1"
+	s.TimerFile = r.env("TORCHELASTIC_TIMER_FILE")
 	switch handler := f.String("event-log-handler"); handler {
 	case "", "null", "console":
 		s.EventLog = handler == "console"

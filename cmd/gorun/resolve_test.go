@@ -204,6 +204,8 @@ func TestResolveOutput(t *testing.T) {
 			}},
 		{name: "the default logs specs", set: map[string]string{"logs-specs": "default"}, want: func(elastic.Spec) bool { return true }},
 		{name: "a logs specs plugin", set: map[string]string{"logs-specs": "mine"}, wantErr: `--logs-specs "mine"`},
+		{name: "torch's file timer", env: env("TORCHELASTIC_ENABLE_FILE_TIMER", "1", "TORCHELASTIC_TIMER_FILE", "/run/t"),
+			want: func(s elastic.Spec) bool { return s.FileTimer && s.TimerFile == "/run/t" }},
 		{name: "console events", set: map[string]string{"event-log-handler": "console"}, want: func(s elastic.Spec) bool { return s.EventLog }},
 		{name: "unknown event handler", set: map[string]string{"event-log-handler": "scuba"}, wantErr: `--event-log-handler "scuba"`},
 		{name: "redirects for a rank beyond nproc", set: map[string]string{"nproc-per-node": "2", "redirects": "2:1"}, wantErr: "--redirects"},
