@@ -104,6 +104,7 @@ func (e *SSHError) Unwrap() error { return e.Err }
 // jump hosts. Its methods are safe for concurrent use.
 type SSHClient struct {
 	name      string // for messages and logs
+	hostname  string // what ssh_config's HostName made of the host: the last hop dialed it
 	client    *ssh.Client
 	jumps     []*ssh.Client // in dialing order; closed after client
 	log       zerolog.Logger
@@ -129,6 +130,7 @@ func DialSSH(ctx context.Context, host string, cfg SSHConfig) (*SSHClient, error
 	}
 	c := &SSHClient{
 		name:      t.name,
+		hostname:  t.hostname,
 		client:    client,
 		jumps:     jumps,
 		log:       cfg.Logger.With().Str("host", t.name).Logger(),
