@@ -84,8 +84,7 @@ func TestSSHFanoutEndpoint(t *testing.T) {
 	b := e.StartSSHD(t, "127.0.0.2")
 	// As in OpenSSH, known_hosts is searched by HostName, not by alias.
 	e.AddKnownHost(t, "localhost:"+a.Port(), a.HostKeys["ed25519"])
-	config := filepath.Join(e.Dir, "ssh_config")
-	writeFile(t, config, fmt.Sprintf(`
+	config := e.WriteSSHConfigText(t, "ssh_config", fmt.Sprintf(`
 Host node-a
   HostName 127.0.0.1
   Port %s
@@ -96,12 +95,7 @@ Host hidden-a
   HostName localhost
   Port %s
   ProxyJump node-b
-Host *
-  IdentityFile %s
-  IdentitiesOnly yes
-  IdentityAgent none
-  UserKnownHostsFile %s
-`, a.Port(), b.Port(), a.Port(), e.Key, e.KnownHosts))
+`, a.Port(), b.Port(), a.Port()))
 	// Each agent prints the endpoint it was given.
 	echoAgent := func(host string) RemoteAgent {
 		return RemoteAgent{Host: host, Argv: []string{"/bin/sh", "-c", `echo "$1 got $2"`, "sh", host, ":unset"}, EndpointArg: 5}

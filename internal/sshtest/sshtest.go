@@ -205,9 +205,16 @@ func (e *Env) WriteSSHConfig(t testing.TB, servers ...*SSHD) string {
 		host, port, _ := net.SplitHostPort(s.Addr)
 		b.WriteString("Host " + host + "\n  Port " + port + "\n")
 	}
-	b.WriteString("Host *\n  IdentityFile " + e.Key + "\n  IdentitiesOnly yes\n  IdentityAgent none\n  UserKnownHostsFile " + e.KnownHosts + "\n")
-	path := filepath.Join(e.Dir, "ssh_config")
-	WriteFile(t, path, b.String())
+	return e.WriteSSHConfigText(t, "ssh_config", b.String())
+}
+
+// WriteSSHConfigText writes the ssh_config file name in e.Dir: text (the
+// test's own Host and Match blocks), then a Host * block that logs in with
+// e's key and known_hosts and no agent. It returns the file's path.
+func (e *Env) WriteSSHConfigText(t testing.TB, name, text string) string {
+	t.Helper()
+	path := filepath.Join(e.Dir, name)
+	WriteFile(t, path, text+"\nHost *\n  IdentityFile "+e.Key+"\n  IdentitiesOnly yes\n  IdentityAgent none\n  UserKnownHostsFile "+e.KnownHosts+"\n")
 	return path
 }
 
