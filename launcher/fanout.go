@@ -8,6 +8,7 @@ import (
 	"io"
 	"os"
 	"slices"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -256,7 +257,7 @@ func (f *Fanout) withEndpoint(ctx context.Context, clients []*SSHClient) ([]Remo
 		}
 	}
 	endpoint := rendezvousEndpoint(f.Endpoint, f.EndpointPort, conn, clients[0].hostname)
-	f.Logger.Info().Str("endpoint", endpoint).Str("ssh_connection", conn).Msg("rendezvous endpoint")
+	f.Logger.Info().Str("endpoint", endpoint).Str("ssh_connection", strings.TrimSpace(conn)).Msg("rendezvous endpoint")
 	agents := slices.Clone(f.Agents)
 	for i, a := range agents {
 		if a.EndpointArg <= 0 {

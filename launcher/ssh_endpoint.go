@@ -23,28 +23,39 @@ import (
 // or from the last jump host: an address of that very machine (so its own
 // agent knows it as local and hosts the store) on a network that reaches
 // it, the one a bastion inside the cluster reaches it on. The other hosts
-// are then told that address. Only when sshd sets no usable SSH_CONNECTION
-// is the HostName used, as the last hop dialed it. An endpoint given
-// explicitly (--rdzv-endpoint) is passed on as it is.
+// are then told that address.
+//
+// The HostName, as the last hop dialed it, is used instead when sshd sets
+// no usable SSH_CONNECTION, and when it names a loopback address: that
+// says only that the head runs on the first host's machine (gorun started
+// on node1 with --hosts node1,node2, where /etc/hosts maps node1 to
+// 127.0.1.1), not how the others reach it; a name such as node1 is theirs
+// to resolve. An endpoint given explicitly (--rdzv-endpoint) is passed on
+// as it is.
 
 // defaultEndpointPort is the rendezvous port when none is given: torchrun's.
 const defaultEndpointPort = 29400
 
 // rendezvousEndpoint decides the agents' rendezvous endpoint: explicit when
 // given; otherwise the first host's address at port, taken from
-// sshConnection (its SSH_CONNECTION) when that carries a server address
-// that other hosts can use, else hostname (its HostName as dialed).
+// sshConnection (its SSH_CONNECTION, on the last line of what the session
+// printed) when that carries a server address that other hosts can use,
+// else hostname (its HostName as dialed).
 func rendezvousEndpoint(explicit string, port int, sshConnection, hostname string) string {
 	if explicit != "" {
 		return explicit
 	}
 	host := hostname
-	if f := strings.Fields(sshConnection); len(f) == 4 {
+	// A login script may have printed lines before it.
+	last := strings.TrimSpace(sshConnection)
+	last = last[strings.LastIndexByte(last, '\n')+1:]
+	if f := strings.Fields(last); len(f) == 4 {
 		// A link-local address arrives with its zone ("fe80::1%eth0"), which
 		// ParseIP refuses: the zone names an interface of the first host,
 		// meaningless on the others. sshd writes "UNKNOWN" for a connection
 		// that is not a socket.
-		if ip := net.ParseIP(f[2]); ip != nil && !ip.IsUnspecified() && !ip.IsLinkLocalUnicast() && !ip.IsMulticast() {
+		ip := net.ParseIP(f[2])
+		if ip != nil && !ip.IsUnspecified() && !ip.IsLinkLocalUnicast() && !ip.IsMulticast() && !ip.IsLoopback() {
 			host = ip.String() // an IPv4-mapped address as plain IPv4
 		}
 	}
@@ -54,12 +65,10 @@ func rendezvousEndpoint(explicit string, port int, sshConnection, hostname strin
 	return net.JoinHostPort(host, strconv.Itoa(port))
 }
 
-// sshConnection returns the SSH_CONNECTION that sshd sets for a session on
-// c's host ("" when it sets none).
+// sshConnection returns what a session on c's host prints: the
+// SSH_CONNECTION that sshd sets ("" when it sets none), after whatever the
+// login scripts print.
 func (c *SSHClient) sshConnection(ctx context.Context) (string, error) {
 	out, err := c.Output(ctx, nil, `printf '%s\n' "$SSH_CONNECTION"`, nil)
-	if err != nil {
-		return "", err
-	}
-	return strings.TrimSpace(string(out)), nil
+	return string(out), err
 }

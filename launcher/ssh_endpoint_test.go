@@ -9,6 +9,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/gorun/gorun/internal/sshtest"
 )
 
 // The endpoint the agents get, from the first host's ssh_config entry and
@@ -60,6 +62,9 @@ Host *
 		{"not a socket", "node-b", "UNKNOWN 65535 UNKNOWN 65535", "", 0, "127.0.0.2:29400"},
 		{"unspecified", "node-b", "0.0.0.0 5 0.0.0.0 22", "", 0, "127.0.0.2:29400"},
 		{"garbage", "node-b", "10.0.0.2", "", 0, "127.0.0.2:29400"},
+		{"loopback: the head is on that machine; the others resolve its name", "node1", "127.0.1.1 5 127.0.1.1 22", "", 0, "node1:29400"},
+		{"IPv6 loopback", "node-b", "::1 5 ::1 22", "", 0, "127.0.0.2:29400"},
+		{"after a login script's lines", "node-b", "welcome to node-b\n\n" + seen + "\n", "", 0, "10.0.0.2:29400"},
 		{"explicit wins", "node-b", seen, "store.example:1234", 0, "store.example:1234"},
 		{"explicit is passed on as it is", "node-a", seen, "node-a:29500", 0, "node-a:29500"},
 	} {
@@ -77,13 +82,16 @@ Host *
 
 // A Fanout whose hosts are ssh_config aliases gives its agents the first
 // host's own address, also when the head can reach that host only through
-// a jump host and by a name that the jump host resolves.
+// a jump host and by a name that only the jump host resolves.
 func TestSSHFanoutEndpoint(t *testing.T) {
 	e := newSSHEnv(t)
 	a := e.StartSSHD(t, "127.0.0.1")
 	b := e.StartSSHD(t, "127.0.0.2")
+	outside, decimal := sshtest.OutsideIPv4(t)
+	c := e.StartSSHD(t, outside)
 	// As in OpenSSH, known_hosts is searched by HostName, not by alias.
 	e.AddKnownHost(t, "localhost:"+a.Port(), a.HostKeys["ed25519"])
+	e.AddKnownHost(t, decimal+":"+c.Port(), c.HostKeys["ed25519"])
 	config := e.WriteSSHConfigText(t, "ssh_config", fmt.Sprintf(`
 Host node-a
   HostName 127.0.0.1
@@ -95,20 +103,25 @@ Host hidden-a
   HostName localhost
   Port %s
   ProxyJump node-b
-`, a.Port(), b.Port(), a.Port()))
+Host hidden-c
+  HostName %s
+  Port %s
+  ProxyJump node-b
+`, a.Port(), b.Port(), a.Port(), decimal, c.Port()))
 	// Each agent prints the endpoint it was given.
 	echoAgent := func(host string) RemoteAgent {
 		return RemoteAgent{Host: host, Argv: []string{"/bin/sh", "-c", `echo "$1 got $2"`, "sh", host, ":unset"}, EndpointArg: 5}
 	}
 	launch := func(f Fanout) string {
 		t.Helper()
-		var out bytes.Buffer
+		// Login scripts may write to stderr.
+		var out, errOut bytes.Buffer
 		f.SSH = SSHConfig{ConfigFile: config, ConnectTimeout: 5 * time.Second, StopGrace: time.Second, Logger: testLogger(t)}
-		f.Stdout, f.Stderr, f.Logger = &out, &out, testLogger(t)
+		f.Stdout, f.Stderr, f.Logger = &out, &errOut, testLogger(t)
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		defer cancel()
 		if code, err := f.Run(ctx); code != 0 || err != nil {
-			t.Fatalf("exit %d, %v:\n%s", code, err, out.String())
+			t.Fatalf("exit %d, %v:\n%s%s", code, err, out.String(), errOut.String())
 		}
 		return out.String()
 	}
@@ -126,9 +139,12 @@ Host hidden-a
 	}{
 		{[]string{"node-a", "node-b"}, "", []string{"node-a got 127.0.0.1:29400", "node-b got 127.0.0.1:29400"}},
 		{[]string{"node-b", "node-a"}, "", []string{"node-a got 127.0.0.2:29400", "node-b got 127.0.0.2:29400"}},
-		// The head's view of hidden-a is "localhost"; the others must
-		// not be told that.
-		{[]string{"hidden-a", "node-b"}, "", []string{"hidden-a got 127.0.0.1:29400", "node-b got 127.0.0.1:29400"}},
+		// Only node-b resolves hidden-c's HostName (Go, so gorun, cannot);
+		// the others are told the address its sshd took the connection on.
+		{[]string{"hidden-c", "node-b"}, "", []string{"hidden-c got " + outside + ":29400", "node-b got " + outside + ":29400"}},
+		// hidden-a's sshd took the connection on loopback, which says only
+		// that it is the head's machine: the others get its HostName.
+		{[]string{"hidden-a", "node-b"}, "", []string{"hidden-a got localhost:29400", "node-b got localhost:29400"}},
 		{[]string{"node-a", "node-b"}, "store.example:1234", []string{"node-a got store.example:1234", "node-b got store.example:1234"}},
 	} {
 		f := Fanout{Endpoint: tc.explicit}
@@ -139,8 +155,8 @@ Host hidden-a
 		if got := lines(launch(f)); !slices.Equal(got, tc.want) {
 			t.Errorf("hosts %v, explicit %q: got %q, want %q", tc.hosts, tc.explicit, got, tc.want)
 		}
-		if tc.hosts[0] == "hidden-a" && forwards() == before {
-			t.Errorf("hidden-a was not reached through node-b")
+		if strings.HasPrefix(tc.hosts[0], "hidden-") && forwards() == before {
+			t.Errorf("%s was not reached through node-b", tc.hosts[0])
 		}
 	}
 

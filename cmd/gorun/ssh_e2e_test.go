@@ -369,9 +369,13 @@ func waitDead(t *testing.T, pids []int, h *agent) {
 func TestSSHAliasHosts(t *testing.T) {
 	c := newSSHCluster(t)
 	a, b := c.servers[0], c.servers[1]
-	// known_hosts is searched by HostName, as OpenSSH does: hidden-a's is
-	// "localhost".
-	c.env.AddKnownHost(t, "localhost:"+a.Port(), a.HostKeys["ed25519"])
+	// A third host on this machine's outside address, which the head
+	// reaches through node-b by a HostName that only node-b's OpenSSH
+	// resolves: Go's resolver, so gorun's, cannot.
+	outside, decimal := sshtest.OutsideIPv4(t)
+	hidden := c.env.StartSSHD(t, outside, "SetEnv GORUN_TEST_NODE="+outside)
+	// known_hosts is searched by HostName, as OpenSSH does.
+	c.env.AddKnownHost(t, decimal+":"+hidden.Port(), hidden.HostKeys["ed25519"])
 	config := c.env.WriteSSHConfigText(t, "alias_config", fmt.Sprintf(`
 Host node-a
   HostName 127.0.0.1
@@ -385,11 +389,11 @@ Host first-*
 Match host second-*
   HostName 127.0.0.2
   Port %[2]s
-Host hidden-a
-  HostName localhost
-  Port %[1]s
+Host hidden
+  HostName %[3]s
+  Port %[4]s
   ProxyJump node-b
-`, a.Port(), b.Port()))
+`, a.Port(), b.Port(), decimal, hidden.Port()))
 	headArgs := func(hosts string, extra ...string) []string {
 		return append([]string{
 			"--ssh-config", config,
@@ -440,7 +444,14 @@ Host hidden-a
 
 	t.Run("Host and Match patterns, and the root cause's status", func(t *testing.T) {
 		dir := t.TempDir()
-		worker := script(t, dir, "worker.sh", report+`if [ "$RANK" = 3 ]; then exit 7; fi; sleep 1`+"\n")
+		// Rank 3 fails once every rank has printed its line (30 s at most).
+		worker := script(t, dir, "worker.sh", report+`touch "$0.printed.$RANK"
+if [ "$RANK" = 3 ]; then
+	for i in $(seq 600); do [ "$(ls "$0".printed.* | wc -l)" -ge 4 ] && break; sleep 0.05; done
+	exit 7
+fi
+sleep 30
+`)
 		// The second host first: it hosts the store.
 		h := startHead(t, dir, headArgs("second-x:2,first-y:2", worker)...)
 		if code := h.wait(t, 90*time.Second); code != 7 {
@@ -454,14 +465,15 @@ Host hidden-a
 		worker := script(t, dir, "worker.sh", report)
 		forwards := func() int { return strings.Count(sshtest.ReadFile(t, b.Log), "server_request_direct_tcpip") }
 		before := forwards()
-		h := startHead(t, dir, headArgs("hidden-a:1,node-b:1", worker)...)
+		h := startHead(t, dir, headArgs("hidden:1,node-b:1", worker)...)
 		if code := h.wait(t, 90*time.Second); code != 0 {
 			t.Fatalf("head exited %d:\n%s", code, h.out.String())
 		}
-		// Not "localhost", the head's view of hidden-a.
-		check(t, h.out.String(), []string{"127.0.0.1", "127.0.0.2"}, 2, "127.0.0.1:29400")
+		// The address hidden's sshd took the connection on; its HostName
+		// would leave the agents unable to rendezvous.
+		check(t, h.out.String(), []string{outside, "127.0.0.2"}, 2, outside+":29400")
 		if forwards() == before {
-			t.Errorf("hidden-a was not reached through node-b")
+			t.Errorf("hidden was not reached through node-b")
 		}
 	})
 
