@@ -68,8 +68,9 @@ type Fanout struct {
 	// Endpoint is the rendezvous endpoint, HOST:PORT, that agents get at
 	// their EndpointArg. "" = the first agent's host, which then hosts the
 	// store, at EndpointPort (0 = 29400), by the address on which its sshd
-	// took the connection, not by the host string or its HostName: only
-	// that address is right for the other hosts too (see
+	// took the connection rather than by the host string (maybe an
+	// ssh_config alias) or its HostName (the head's view); the HostName
+	// only when that address is loopback or unknown (see
 	// rendezvousEndpoint).
 	Endpoint     string
 	EndpointPort int

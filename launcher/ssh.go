@@ -38,7 +38,7 @@ var ErrSSHConnectionLost = errors.New("connection lost")
 // system-wide /etc/ssh/ssh_config.
 //
 // Honoured ssh_config keywords: Host and Match blocks (not Match exec),
-// HostName (%h), Port, User, IdentityFile, IdentitiesOnly, IdentityAgent,
+// HostName (%h and %%), Port, User, IdentityFile, IdentitiesOnly, IdentityAgent,
 // ProxyJump, ConnectTimeout, UserKnownHostsFile, StrictHostKeyChecking
 // (accept-new and no both mean AcceptNew; a changed key is never accepted),
 // ServerAliveInterval and ServerAliveCountMax. ProxyCommand is refused.

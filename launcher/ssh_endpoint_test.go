@@ -15,7 +15,7 @@ import (
 
 // The endpoint the agents get, from the first host's ssh_config entry and
 // its SSH_CONNECTION, through the resolution that connects to it.
-func TestRendezvousEndpoint(t *testing.T) {
+func TestSSHRendezvousEndpoint(t *testing.T) {
 	dir := t.TempDir()
 	config := filepath.Join(dir, "ssh_config")
 	writeFile(t, config, `
