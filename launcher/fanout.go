@@ -8,6 +8,7 @@ import (
 	"io"
 	"os"
 	"slices"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -24,6 +25,10 @@ type RemoteAgent struct {
 	Argv []string
 	// Env is added to the remote command's environment (NAME=value).
 	Env []string
+	// EndpointArg, when positive, is the index in Argv of the argument
+	// that Run sets to the job's rendezvous endpoint (see Fanout.Endpoint)
+	// once every host is connected.
+	EndpointArg int
 }
 
 // Fanout is the head of a multi-node job: it starts one remote agent per
@@ -60,7 +65,16 @@ type Fanout struct {
 	// becomes each agent's Argv[0].
 	Stage   *Binary
 	StageTo string
-	Logger  zerolog.Logger
+	// Endpoint is the rendezvous endpoint, HOST:PORT, that agents get at
+	// their EndpointArg. "" = the first agent's host, which then hosts the
+	// store, at EndpointPort (0 = 29400), by the address on which its sshd
+	// took the connection rather than by the host string (maybe an
+	// ssh_config alias) or its HostName (the head's view); the HostName
+	// only when that address is loopback or unknown (see
+	// rendezvousEndpoint).
+	Endpoint     string
+	EndpointPort int
+	Logger       zerolog.Logger
 }
 
 type remoteEnd struct {
@@ -114,8 +128,11 @@ func (f *Fanout) Run(ctx context.Context) (code int, err error) {
 		}
 	}
 	defer closeAll()
-	agents, err := f.stage(ctx, clients)
+	agents, err := f.withEndpoint(ctx, clients)
 	if err != nil {
+		return 0, err
+	}
+	if agents, err = f.stage(ctx, clients, agents); err != nil {
 		return 0, err
 	}
 
@@ -226,14 +243,44 @@ func (f *Fanout) Run(ctx context.Context) (code int, err error) {
 	return status, nil
 }
 
-// stage copies f.Stage to every host that lacks it, all hosts at once, and
-// returns the agents with the staged path as their program; without
-// f.Stage it returns f.Agents as they are.
-func (f *Fanout) stage(ctx context.Context, clients []*SSHClient) ([]RemoteAgent, error) {
-	if f.Stage == nil {
+// withEndpoint returns f.Agents with the rendezvous endpoint at their
+// EndpointArg, asking the first host for its address unless f.Endpoint
+// is given.
+func (f *Fanout) withEndpoint(ctx context.Context, clients []*SSHClient) ([]RemoteAgent, error) {
+	if !slices.ContainsFunc(f.Agents, func(a RemoteAgent) bool { return a.EndpointArg > 0 }) {
 		return f.Agents, nil
 	}
+	var conn string
+	if f.Endpoint == "" {
+		var err error
+		if conn, err = clients[0].sshConnection(ctx); err != nil {
+			return nil, fmt.Errorf("cannot find the address of host %s: %w", f.Agents[0].Host, err)
+		}
+	}
+	endpoint := rendezvousEndpoint(f.Endpoint, f.EndpointPort, conn, clients[0].hostname)
+	f.Logger.Info().Str("endpoint", endpoint).Str("ssh_connection", strings.TrimSpace(conn)).Msg("rendezvous endpoint")
 	agents := slices.Clone(f.Agents)
+	for i, a := range agents {
+		if a.EndpointArg <= 0 {
+			continue
+		}
+		if a.EndpointArg >= len(a.Argv) {
+			return nil, fmt.Errorf("launcher: the agent for host %s has no argument %d for the endpoint", a.Host, a.EndpointArg)
+		}
+		agents[i].Argv = slices.Clone(a.Argv)
+		agents[i].Argv[a.EndpointArg] = endpoint
+	}
+	return agents, nil
+}
+
+// stage copies f.Stage to every host that lacks it, all hosts at once, and
+// returns agents with the staged path as their program; without f.Stage
+// it returns agents as they are.
+func (f *Fanout) stage(ctx context.Context, clients []*SSHClient, agents []RemoteAgent) ([]RemoteAgent, error) {
+	if f.Stage == nil {
+		return agents, nil
+	}
+	agents = slices.Clone(agents)
 	errs := make([]error, len(agents))
 	var wg sync.WaitGroup
 	for i := range agents {

@@ -38,7 +38,7 @@ var ErrSSHConnectionLost = errors.New("connection lost")
 // system-wide /etc/ssh/ssh_config.
 //
 // Honoured ssh_config keywords: Host and Match blocks (not Match exec),
-// HostName (%h), Port, User, IdentityFile, IdentitiesOnly, IdentityAgent,
+// HostName (%h and %%), Port, User, IdentityFile, IdentitiesOnly, IdentityAgent,
 // ProxyJump, ConnectTimeout, UserKnownHostsFile, StrictHostKeyChecking
 // (accept-new and no both mean AcceptNew; a changed key is never accepted),
 // ServerAliveInterval and ServerAliveCountMax. ProxyCommand is refused.
@@ -104,6 +104,7 @@ func (e *SSHError) Unwrap() error { return e.Err }
 // jump hosts. Its methods are safe for concurrent use.
 type SSHClient struct {
 	name      string // for messages and logs
+	hostname  string // what ssh_config's HostName made of the host: the last hop dialed it
 	client    *ssh.Client
 	jumps     []*ssh.Client // in dialing order; closed after client
 	log       zerolog.Logger
@@ -129,6 +130,7 @@ func DialSSH(ctx context.Context, host string, cfg SSHConfig) (*SSHClient, error
 	}
 	c := &SSHClient{
 		name:      t.name,
+		hostname:  t.hostname,
 		client:    client,
 		jumps:     jumps,
 		log:       cfg.Logger.With().Str("host", t.name).Logger(),

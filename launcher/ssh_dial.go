@@ -135,10 +135,7 @@ func (d *sshDialer) resolve(host, jumpFor string) (*sshTarget, error) {
 		return nil, &SSHError{Host: host, Op: "parse host", Err: err}
 	}
 	t := &sshTarget{alias: alias, user: user, port: port}
-	t.hostname = alias
-	if hn := d.get(alias, "HostName"); hn != "" {
-		t.hostname = strings.ReplaceAll(strings.ReplaceAll(hn, "%h", alias), "%%", "%")
-	}
+	t.hostname = expandHostName(d.get(alias, "HostName"), alias)
 	if t.user == "" && jumpFor == "" {
 		t.user = d.cfg.User
 	}
@@ -248,6 +245,16 @@ func (d *sshDialer) resolve(host, jumpFor string) (*sshTarget, error) {
 		t.keepAliveMax = defaultSSHKeepAliveMax
 	}
 	return t, nil
+}
+
+// expandHostName is the host that alias reaches by ssh_config's HostName
+// hn ("" = alias itself). As in OpenSSH, HostName takes the tokens %h (the
+// alias) and %%, read left to right: "%%h" is a literal "%h".
+func expandHostName(hn, alias string) string {
+	if hn == "" {
+		return alias
+	}
+	return strings.NewReplacer("%%", "%", "%h", alias).Replace(hn)
 }
 
 // expand resolves ~ and the ssh_config tokens %d %h %i %l %n %p %r %u %% in

@@ -7,7 +7,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"net"
 	"os"
 	"os/signal"
 	"path/filepath"
@@ -20,6 +19,7 @@ import (
 
 	"github.com/gorun/gorun/elastic"
 	"github.com/gorun/gorun/launcher"
+	"github.com/gorun/gorun/rendezvous"
 )
 
 // envFileName is the file in the working directory whose VAR=value lines
@@ -125,10 +125,6 @@ func planHead(c *cli.Context, spec elastic.Spec, log zerolog.Logger, stdout, std
 	if runID == "none" || runID == "" {
 		runID = randomID()
 	}
-	endpoint := c.String("rdzv-endpoint")
-	if endpoint == "" && len(hosts) > 0 {
-		endpoint = net.JoinHostPort(hosts[0].Name, "29400")
-	}
 	if len(errs) > 0 {
 		return nil, usageError{errors.Join(errs...)}
 	}
@@ -170,7 +166,13 @@ func planHead(c *cli.Context, spec elastic.Spec, log zerolog.Logger, stdout, std
 			"--node-rank", strconv.Itoa(i),
 			"--nproc-per-node", nproc,
 			"--rdzv-backend", "c10d",
-			"--rdzv-endpoint", endpoint,
+			"--rdzv-endpoint")
+		// The fanout fills the endpoint in once it has reached the first
+		// host: --rdzv-endpoint, else that host's own address, never its
+		// name in --hosts, which may be an ssh_config alias that only the
+		// head knows (see launcher.Fanout.Endpoint).
+		endpointArg := len(argv)
+		argv = append(argv, "",
 			"--rdzv-id", runID,
 			"--max-restarts", c.String("max-restarts"),
 			"--log-line-prefix-template", prefix)
@@ -185,7 +187,7 @@ func planHead(c *cli.Context, spec elastic.Spec, log zerolog.Logger, stdout, std
 			}
 			hostEnv = append(append([]string(nil), env...), "CUDA_VISIBLE_DEVICES="+strings.Join(ids, ","))
 		}
-		agents[i] = launcher.RemoteAgent{Host: h.Name, Argv: argv, Env: hostEnv}
+		agents[i] = launcher.RemoteAgent{Host: h.Name, Argv: argv, Env: hostEnv, EndpointArg: endpointArg}
 	}
 	sshCfg := launcher.SSHConfig{
 		IdentityFiles: c.StringSlice("ssh-identity"),
@@ -203,7 +205,10 @@ func planHead(c *cli.Context, spec elastic.Spec, log zerolog.Logger, stdout, std
 		StopTimeout: spec.ShutdownTimeout + 5*time.Second,
 		Stage:       stage,
 		StageTo:     stageTo,
-		Logger:      log,
+		// The first host's agent hosts the store (c10d, default port).
+		Endpoint:     c.String("rdzv-endpoint"),
+		EndpointPort: rendezvous.DefaultEndpointPort,
+		Logger:       log,
 	}}, nil
 }
 

@@ -362,3 +362,129 @@ func waitDead(t *testing.T, pids []int, h *agent) {
 		t.Fatalf("workers %v still alive after the head exited:\n%s", pids, h.out.String())
 	}
 }
+
+// Hosts named only by ssh_config entries that no resolver knows: the
+// remote agents are given the first host's address, never its alias, and
+// rendezvous. No --rdzv-endpoint: the head picks it (port 29400).
+func TestSSHAliasHosts(t *testing.T) {
+	c := newSSHCluster(t)
+	a, b := c.servers[0], c.servers[1]
+	// A third host on this machine's outside address, which the head
+	// reaches through node-b by a HostName that only node-b's OpenSSH
+	// resolves: Go's resolver, so gorun's, cannot.
+	outside, decimal := sshtest.OutsideIPv4(t)
+	hidden := c.env.StartSSHD(t, outside, "SetEnv GORUN_TEST_NODE="+outside)
+	// known_hosts is searched by HostName, as OpenSSH does.
+	c.env.AddKnownHost(t, decimal+":"+hidden.Port(), hidden.HostKeys["ed25519"])
+	config := c.env.WriteSSHConfigText(t, "alias_config", fmt.Sprintf(`
+Host node-a
+  HostName 127.0.0.1
+  Port %[1]s
+Host node-b
+  HostName 127.0.0.2
+  Port %[2]s
+Host first-*
+  HostName 127.0.0.1
+  Port %[1]s
+Match host second-*
+  HostName 127.0.0.2
+  Port %[2]s
+Host hidden
+  HostName %[3]s
+  Port %[4]s
+  ProxyJump node-b
+`, a.Port(), b.Port(), decimal, hidden.Port()))
+	headArgs := func(hosts string, extra ...string) []string {
+		return append([]string{
+			"--ssh-config", config,
+			"--hosts", hosts,
+			"--rdzv-conf", "last_call_timeout=0.5,heartbeat_interval=0.25,heartbeat_misses=3",
+			"--shutdown-timeout", "5",
+		}, extra...)
+	}
+	// The worker's parent is its agent: its command line says which
+	// endpoint it was given.
+	const report = `echo "rank $RANK world $WORLD_SIZE group $GROUP_RANK node $GORUN_TEST_NODE endpoint $(tr '\0' '\n' < /proc/$PPID/cmdline | grep -x -A1 -e --rdzv-endpoint | tail -n 1)"` + "\n"
+	line := regexp.MustCompile(`(?m)^\[[^:\]]+:(\d)\]: rank (\d) world (\d) group (\d) node (\S+) endpoint (\S+)$`)
+	// check wants the ranks 0..world-1 in order on the hosts of nodes,
+	// world/len(nodes) per host, each agent given endpoint.
+	check := func(t *testing.T, out string, nodes []string, world int, endpoint string) {
+		t.Helper()
+		got := map[int]string{}
+		for _, m := range line.FindAllStringSubmatch(out, -1) {
+			rank, _ := strconv.Atoi(m[2])
+			group, _ := strconv.Atoi(m[4])
+			perHost := world / len(nodes)
+			switch {
+			case m[1] != m[2]:
+				t.Errorf("line of rank %s tagged rank %s", m[2], m[1])
+			case m[3] != strconv.Itoa(world):
+				t.Errorf("rank %d: world %s, want %d", rank, m[3], world)
+			case group != rank/perHost || m[5] != nodes[group]:
+				t.Errorf("rank %d ran as group %d on %s, want group %d on %s", rank, group, m[5], rank/perHost, nodes[rank/perHost])
+			case m[6] != endpoint:
+				t.Errorf("rank %d's agent was given --rdzv-endpoint %s, want %s", rank, m[6], endpoint)
+			}
+			got[rank] = m[5]
+		}
+		if len(got) != world {
+			t.Errorf("want %d ranks, got %v:\n%s", world, got, out)
+		}
+	}
+
+	t.Run("aliases", func(t *testing.T) {
+		dir := t.TempDir()
+		worker := script(t, dir, "worker.sh", report)
+		h := startHead(t, dir, headArgs("node-a:2,node-b:2", worker)...)
+		if code := h.wait(t, 90*time.Second); code != 0 {
+			t.Fatalf("head exited %d:\n%s", code, h.out.String())
+		}
+		check(t, h.out.String(), []string{"127.0.0.1", "127.0.0.2"}, 4, "127.0.0.1:29400")
+	})
+
+	t.Run("Host and Match patterns, and the root cause's status", func(t *testing.T) {
+		dir := t.TempDir()
+		// Rank 3 fails once every rank has printed its line (30 s at most).
+		worker := script(t, dir, "worker.sh", report+`touch "$0.printed.$RANK"
+if [ "$RANK" = 3 ]; then
+	for i in $(seq 600); do [ "$(ls "$0".printed.* | wc -l)" -ge 4 ] && break; sleep 0.05; done
+	exit 7
+fi
+sleep 30
+`)
+		// The second host first: it hosts the store.
+		h := startHead(t, dir, headArgs("second-x:2,first-y:2", worker)...)
+		if code := h.wait(t, 90*time.Second); code != 7 {
+			t.Fatalf("head exited %d, want 7:\n%s", code, h.out.String())
+		}
+		check(t, h.out.String(), []string{"127.0.0.2", "127.0.0.1"}, 4, "127.0.0.2:29400")
+	})
+
+	t.Run("ProxyJump to a name only the jump host resolves", func(t *testing.T) {
+		dir := t.TempDir()
+		worker := script(t, dir, "worker.sh", report)
+		forwards := func() int { return strings.Count(sshtest.ReadFile(t, b.Log), "server_request_direct_tcpip") }
+		before := forwards()
+		h := startHead(t, dir, headArgs("hidden:1,node-b:1", worker)...)
+		if code := h.wait(t, 90*time.Second); code != 0 {
+			t.Fatalf("head exited %d:\n%s", code, h.out.String())
+		}
+		// The address hidden's sshd took the connection on; its HostName
+		// would leave the agents unable to rendezvous.
+		check(t, h.out.String(), []string{outside, "127.0.0.2"}, 2, outside+":29400")
+		if forwards() == before {
+			t.Errorf("hidden was not reached through node-b")
+		}
+	})
+
+	t.Run("--rdzv-endpoint wins", func(t *testing.T) {
+		dir := t.TempDir()
+		worker := script(t, dir, "worker.sh", report)
+		endpoint := "127.0.0.2:" + strconv.Itoa(freePort(t))
+		h := startHead(t, dir, headArgs("node-a:1,node-b:1", "--rdzv-endpoint", endpoint, worker)...)
+		if code := h.wait(t, 90*time.Second); code != 0 {
+			t.Fatalf("head exited %d:\n%s", code, h.out.String())
+		}
+		check(t, h.out.String(), []string{"127.0.0.1", "127.0.0.2"}, 2, endpoint)
+	})
+}

@@ -205,10 +205,39 @@ func (e *Env) WriteSSHConfig(t testing.TB, servers ...*SSHD) string {
 		host, port, _ := net.SplitHostPort(s.Addr)
 		b.WriteString("Host " + host + "\n  Port " + port + "\n")
 	}
-	b.WriteString("Host *\n  IdentityFile " + e.Key + "\n  IdentitiesOnly yes\n  IdentityAgent none\n  UserKnownHostsFile " + e.KnownHosts + "\n")
-	path := filepath.Join(e.Dir, "ssh_config")
-	WriteFile(t, path, b.String())
+	return e.WriteSSHConfigText(t, "ssh_config", b.String())
+}
+
+// WriteSSHConfigText writes the ssh_config file name in e.Dir: text (the
+// test's own Host and Match blocks), then a Host * block that logs in with
+// e's key and known_hosts and no agent. It returns the file's path.
+func (e *Env) WriteSSHConfigText(t testing.TB, name, text string) string {
+	t.Helper()
+	path := filepath.Join(e.Dir, name)
+	WriteFile(t, path, text+"\nHost *\n  IdentityFile "+e.Key+"\n  IdentitiesOnly yes\n  IdentityAgent none\n  UserKnownHostsFile "+e.KnownHosts+"\n")
 	return path
+}
+
+// OutsideIPv4 is an IPv4 address of this machine that is neither loopback
+// nor link-local, for a server that must not look local to its clients,
+// and the same address written as one decimal number ("192.0.2.2" is
+// "3221225986"): a host name that glibc's resolver (so OpenSSH) reads as
+// the address and Go's does not.
+func OutsideIPv4(t testing.TB) (ip, decimal string) {
+	t.Helper()
+	addrs, err := net.InterfaceAddrs()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, a := range addrs {
+		if n, ok := a.(*net.IPNet); ok {
+			if ip4 := n.IP.To4(); ip4 != nil && !ip4.IsLoopback() && !ip4.IsLinkLocalUnicast() {
+				return ip4.String(), strconv.FormatUint(uint64(ip4[0])<<24|uint64(ip4[1])<<16|uint64(ip4[2])<<8|uint64(ip4[3]), 10)
+			}
+		}
+	}
+	t.Fatalf("this test needs an IPv4 address other than loopback; interfaces have %v", addrs)
+	return "", ""
 }
 
 // ReadPublicKey reads an authorized_keys-format public key.
