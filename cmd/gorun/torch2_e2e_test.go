@@ -199,3 +199,19 @@ func TestGoWorkersUnderTorch2Torchrun(t *testing.T) {
 		t.Errorf("ddp under torch 2.6's torchrun did not finish:\n%s", out)
 	}
 }
+
+// torch 2.6's FileTimerClient under gorun's watchdog: a worker that
+// overstays expires(after=1) is killed with the signal it asked for and
+// the report names its scope; one that keeps within its scope is spared.
+func TestTorch2FileTimer(t *testing.T) {
+	e := newTorch2(t, "torch_filetimer.py")
+	env := append([]string{fileTimer}, e.env...)
+	j := gorun(t, env, append([]string{"--nproc-per-node", "2"}, append(e.worker("torch_filetimer.py"), "overstay", "SIGTERM")...)...)
+	if j.code != 128+15 || !strings.Contains(j.stderr, `traceback : watchdog: scope "train_step" expired after 1s`) {
+		t.Errorf("overstay: want exit 143 and the scope in the report:\n%s", j)
+	}
+	j = gorun(t, env, append([]string{"--nproc-per-node", "2"}, append(e.worker("torch_filetimer.py"), "in-time")...)...)
+	if j.code != 0 {
+		t.Errorf("in time: want success:\n%s", j)
+	}
+}
