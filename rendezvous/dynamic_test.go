@@ -669,7 +669,7 @@ func TestDynamicCloseLeavesShutdownEnds(t *testing.T) {
 		}
 		for _, d := range []*Dynamic{b, job.node("d")} {
 			_, err := d.Next(context.Background())
-			if want := "rendezvous: job job has ended"; err == nil || err.Error() != want || !errors.Is(err, ErrJobEnded) {
+			if want := "rendezvous: job job has ended (job ended: node a on host-a shut it down)"; err == nil || err.Error() != want || !errors.Is(err, ErrJobEnded) {
 				t.Errorf("%s: Next = %v, want %q", d.opts.NodeID, err, want)
 			}
 		}
