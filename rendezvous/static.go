@@ -62,6 +62,7 @@ func (s *Static) connect(ctx context.Context) error {
 	o := s.opts
 	if o.NodeRank != 0 {
 		addr := net.JoinHostPort(o.Host, strconv.Itoa(o.Port))
+		o.Logger.Info().Str("endpoint", addr).Msg("joining the store of node 0")
 		c, err := Dial(ctx, addr, ClientOptions{Timeout: o.Timeout})
 		if err != nil {
 			return fmt.Errorf("rendezvous: node %d joins the store of node 0: %w", o.NodeRank, err)
