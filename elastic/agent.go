@@ -28,7 +28,14 @@ type Options struct {
 	Stdout, Stderr io.Writer
 	// Rendezvous yields rounds; the agent closes it when Run returns.
 	Rendezvous rendezvous.Handler
-	// Signals delivers the signals the agent must forward to its workers.
+	// OpenRendezvous, when Rendezvous is nil, opens it: a step that may
+	// wait (for a store that is not up yet), which a signal cuts short.
+	OpenRendezvous func(ctx context.Context) (rendezvous.Handler, error)
+	// Signals delivers the signals that stop the agent, and the notices
+	// it forwards to its workers (isNotice). A stop signal acts at once in
+	// every phase: the agent stops its workers, leaves the rendezvous and
+	// returns the interrupted result; a second one, while the first is
+	// acted on, kills the workers or gives up leaving at once.
 	Signals <-chan os.Signal
 	// Keeper, when set, kills whatever workers leave behind if the agent dies.
 	Keeper *launcher.Keeper
@@ -56,9 +63,23 @@ func NewAgent(spec Spec, opts Options) *Agent {
 // and with the dynamic rendezvous it also restarts, without spending the
 // budget, whenever the job's nodes change. It returns the job's result on
 // this node; an error means the agent itself failed (for example the
-// rendezvous), not the workers.
+// rendezvous), not the workers. A stop signal (Options.Signals) ends it
+// in any phase with the interrupted result.
 func (a *Agent) Run(ctx context.Context) (*Result, error) {
-	m := a.membership()
+	h := a.opts.Rendezvous
+	if h == nil {
+		err := a.during(ctx, func(ctx context.Context) (err error) {
+			h, err = a.opts.OpenRendezvous(ctx)
+			return err
+		})
+		if sig := stopSignal(err); sig != 0 {
+			return a.interrupted(sig, 0), nil
+		}
+		if err != nil {
+			return nil, err
+		}
+	}
+	m := a.membership(h)
 	defer m.close()
 	logs, err := newLogRoot(a.spec)
 	if err != nil {
@@ -68,12 +89,18 @@ func (a *Agent) Run(ctx context.Context) (*Result, error) {
 
 	restarts := 0 // the job's, as of the last round
 	for attempt := 0; ; attempt++ {
-		r, err := m.next(ctx)
-		switch {
+		var r *round
+		err := a.during(ctx, func(ctx context.Context) (err error) {
+			r, err = m.next(ctx)
+			return err
+		})
+		switch sig := stopSignal(err); {
+		case sig != 0:
+			return a.stop(m, sig, restarts), nil
 		case errors.Is(err, rendezvous.ErrJobFailed):
 			return a.jobFailed(ctx, m, restarts)
 		case errors.Is(err, rendezvous.ErrJobEnded):
-			a.log.Info().Msg("the job ended before this node got a place")
+			a.log.Info().Err(err).Msg("the job ended before this node got a place")
 			return &Result{}, nil
 		case err != nil && attempt > 0:
 			return nil, fmt.Errorf("elastic: cannot rejoin the job: %w", err)
@@ -87,10 +114,12 @@ func (a *Agent) Run(ctx context.Context) (*Result, error) {
 
 		out, err := a.runRound(ctx, r, attempt, logs)
 		switch {
+		case stopSignal(err) != 0:
+			return a.stop(m, stopSignal(err), r.restarts), nil
 		case err != nil:
 			return nil, err
 		case out.signal != 0:
-			return a.interrupted(out.signal, r.restarts), nil
+			return a.stop(m, out.signal, r.restarts), nil
 		case out.err != nil:
 			return nil, out.err
 		case out.changed:
@@ -102,14 +131,21 @@ func (a *Agent) Run(ctx context.Context) (*Result, error) {
 			superseded, sig, endWeighing := a.roundChangesWithin(ctx, m, r, a.spec.Dynamic.FailureGrace)
 			if sig != 0 {
 				endWeighing()
-				return a.interrupted(sig, r.restarts), nil
+				return a.stop(m, sig, r.restarts), nil
 			}
 			for i := range out.failures {
 				out.failures[i].Round = r.number
 			}
 			sortRootCauseFirst(out.failures)
-			restart, err := m.fail(ctx, out.failures)
+			var restart bool
+			err := a.during(ctx, func(ctx context.Context) (err error) {
+				restart, err = m.fail(ctx, out.failures)
+				return err
+			})
 			endWeighing()
+			if sig := stopSignal(err); sig != 0 {
+				return a.stop(m, sig, r.restarts), nil
+			}
 			if err != nil && !errors.Is(err, rendezvous.ErrJobFailed) {
 				return nil, fmt.Errorf("elastic: report the failure: %w", err)
 			}
@@ -125,8 +161,10 @@ func (a *Agent) Run(ctx context.Context) (*Result, error) {
 					Msgf("worker group failed; restarting (%d/%d)", r.restarts+1, a.spec.MaxRestarts)
 			}
 		default:
-			err := m.done(ctx)
+			err := a.during(ctx, m.done)
 			switch {
+			case stopSignal(err) != 0:
+				return a.stop(m, stopSignal(err), r.restarts), nil
 			case errors.Is(err, rendezvous.ErrRoundChanged):
 				a.log.Warn().Str("reason", r.reason()).Msg("another node's round changed after this one finished; running again")
 				continue
@@ -179,19 +217,99 @@ func (a *Agent) roundChangesWithin(ctx context.Context, m membership, r *round, 
 	}
 }
 
+// stopError reports that a signal stopped the agent in a step that waits
+// on the rendezvous (during).
+type stopError struct{ sig syscall.Signal }
+
+func (e *stopError) Error() string { return "elastic: stopped by " + signalName(e.sig) }
+
+// stopSignal returns the signal that stopped the agent, if err says one
+// did, else 0.
+func stopSignal(err error) syscall.Signal {
+	var s *stopError
+	if errors.As(err, &s) {
+		return s.sig
+	}
+	return 0
+}
+
+// leaveTimeout bounds what a stopped agent still says to the rendezvous:
+// the store answers in milliseconds, or is gone, and the agent must exit
+// within a second of the signal, its workers' grace aside.
+const leaveTimeout = 500 * time.Millisecond
+
+// during runs fn, a step that waits on the rendezvous, until it returns
+// or a stop signal comes: fn's context is then canceled, and during
+// returns a *stopError once fn has returned, which it does at once. The
+// agent's goroutine stays the one that reads the signals, here as in
+// watch; notices find no workers to warn, and are dropped. A second stop
+// signal is left for stop, which acts on it.
+func (a *Agent) during(ctx context.Context, fn func(ctx context.Context) error) error {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	done := make(chan error, 1)
+	go func() { done <- fn(ctx) }()
+	signals, stopped := a.opts.Signals, syscall.Signal(0)
+	for {
+		select {
+		case err := <-done:
+			if stopped != 0 {
+				return &stopError{stopped}
+			}
+			return err
+		case s := <-signals:
+			sig, _ := s.(syscall.Signal)
+			if isNotice(sig) {
+				a.log.Info().Str("signal", signalName(sig)).Msg("no workers to forward a notice to")
+				continue
+			}
+			a.log.Warn().Str("signal", signalName(sig)).Msg("stopping: leaving the rendezvous")
+			stopped, signals = sig, nil
+			cancel()
+		}
+	}
+}
+
+// stop leaves the rendezvous after sig stopped the agent, so that the
+// other nodes go on without this one or learn at once that it left, and
+// returns the interrupted result. It says no more than leaveTimeout allows
+// to the store, which may be gone, and a second stop signal cuts it short.
+func (a *Agent) stop(m membership, sig syscall.Signal, restarts int) *Result {
+	ctx, cancel := context.WithTimeout(context.Background(), leaveTimeout)
+	defer cancel()
+	left := make(chan error, 1)
+	go func() { left <- m.leave(ctx, "stopped by "+signalName(sig)) }()
+	signals := a.opts.Signals
+	for {
+		select {
+		case err := <-left:
+			if err != nil {
+				a.log.Warn().Err(err).Msg("could not tell the other nodes that this one left")
+			}
+			return a.interrupted(sig, restarts)
+		case s := <-signals:
+			if second, _ := s.(syscall.Signal); !isNotice(second) {
+				a.log.Warn().Str("signal", signalName(second)).Msg("second signal: leaving at once")
+				signals = nil
+				cancel()
+			}
+		}
+	}
+}
+
 // interrupted is the result of a job stopped by sig.
 func (a *Agent) interrupted(sig syscall.Signal, restarts int) *Result {
 	name := signalName(sig)
-	a.log.Warn().Str("signal", name).Msg("stopped the workers on a signal")
+	a.log.Warn().Str("signal", name).Msg("stopped on a signal")
 	return &Result{ExitCode: 128 + int(sig), Restarts: restarts, Interrupted: name}
 }
 
-// membership wraps the rendezvous handler the agent was given.
-func (a *Agent) membership() membership {
-	if d, ok := a.opts.Rendezvous.(*rendezvous.Dynamic); ok {
+// membership wraps the agent's rendezvous handler.
+func (a *Agent) membership(h rendezvous.Handler) membership {
+	if d, ok := h.(*rendezvous.Dynamic); ok {
 		return &dynamicMembership{d: d, exitTimeout: a.spec.ExitBarrierTimeout}
 	}
-	return newStaticMembership(a.opts.Rendezvous, &a.spec, a.log)
+	return newStaticMembership(h, &a.spec, a.log)
 }
 
 // jobFailed ends the job with the failures every node reported in the
@@ -199,7 +317,14 @@ func (a *Agent) membership() membership {
 // nodes may still be weighing their own failures (roundChangesWithin), so
 // it gives them that long, at most, to report first.
 func (a *Agent) jobFailed(ctx context.Context, m membership, restarts int) (*Result, error) {
-	fs, err := m.failures(ctx, a.spec.Dynamic.FailureGrace)
+	var fs []Failure
+	err := a.during(ctx, func(ctx context.Context) (err error) {
+		fs, err = m.failures(ctx, a.spec.Dynamic.FailureGrace)
+		return err
+	})
+	if sig := stopSignal(err); sig != 0 {
+		return a.stop(m, sig, restarts), nil
+	}
 	if err != nil {
 		return nil, fmt.Errorf("elastic: read the job's failures: %w", err)
 	}
@@ -275,12 +400,20 @@ func (a *Agent) workerStore(ctx context.Context, r *round) (workerEndpoint, func
 		if err != nil {
 			return workerEndpoint{}, nil, fmt.Errorf("elastic: a store for the workers on %s: %w", host, err)
 		}
-		if err := r.store.Set(ctx, key, []byte(net.JoinHostPort(host, strconv.Itoa(port)))); err != nil {
+		err = a.during(ctx, func(ctx context.Context) error {
+			return r.store.Set(ctx, key, []byte(net.JoinHostPort(host, strconv.Itoa(port))))
+		})
+		if err != nil {
 			release()
 			return workerEndpoint{}, nil, fmt.Errorf("elastic: publish the workers' store: %w", err)
 		}
 	}
-	v, err := r.store.Get(ctx, key)
+	// Group rank 0 may be slow to publish it, or gone.
+	var v []byte
+	err := a.during(ctx, func(ctx context.Context) (err error) {
+		v, err = r.store.Get(ctx, key)
+		return err
+	})
 	if err != nil {
 		release()
 		return workerEndpoint{}, nil, fmt.Errorf("elastic: read the workers' store: %w", err)

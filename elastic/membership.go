@@ -33,6 +33,9 @@ type membership interface {
 	// done is the exit barrier once this node's workers succeeded; it
 	// returns rendezvous.ErrRoundChanged when the job must run again.
 	done(ctx context.Context) error
+	// leave tells the other nodes, within ctx, that this node is going,
+	// stopped for why, so that none waits for it in vain; close follows.
+	leave(ctx context.Context, why string) error
 	// close leaves the rendezvous without ending the job for the others.
 	close() error
 }
@@ -62,10 +65,13 @@ type endpoint struct {
 // staticMembership runs torchrun's static rendezvous: one round, and a
 // restart budget of this node's own.
 type staticMembership struct {
-	handler     rendezvous.Handler
-	spec        *Spec
-	log         zerolog.Logger
-	timeout     time.Duration
+	handler rendezvous.Handler
+	spec    *Spec
+	log     zerolog.Logger
+	timeout time.Duration
+	// joining is the round whose ranks are being assigned: the other
+	// nodes wait for this one's, until current is set.
+	joining     *rendezvous.Round
 	current     *round
 	restarts    int
 	reports     []Failure
@@ -86,10 +92,12 @@ func (m *staticMembership) next(ctx context.Context) (*round, error) {
 	if err != nil {
 		return nil, err
 	}
+	m.joining = rd
 	rk, err := assignRanks(ctx, rd.Store, rd.GroupRank, rd.GroupWorldSize, m.spec.Role, m.spec.NProcPerNode)
 	if err != nil {
 		return nil, fmt.Errorf("elastic: assign ranks: %w", err)
 	}
+	m.joining = nil
 	m.current = &round{
 		store: rd.Store, ranks: rk, storeHost: rd.StoreHost,
 		agentStore: &endpoint{rd.StoreHost, rd.StorePort},
@@ -130,6 +138,23 @@ func (m *staticMembership) failures(context.Context, time.Duration) ([]Failure, 
 
 func (m *staticMembership) done(ctx context.Context) error {
 	return exitBarrier(ctx, m.current.store, m.current.ranks.GroupWorldSize, m.timeout)
+}
+
+// leave: until the ranks are assigned, the other nodes wait for this
+// one, or for nodes that are still to come, and the job cannot run
+// without it: it tells them so (leaveRanks), and then, if it hosts the
+// store, lets them read it before the store goes. Once the job runs, a
+// static node has no one to tell: the others' workers see its workers go.
+func (m *staticMembership) leave(ctx context.Context, why string) error {
+	rd := m.joining
+	if rd == nil || rd.GroupWorldSize <= 1 {
+		return nil
+	}
+	msg := fmt.Sprintf("node %d on %s left before the job began: %s", rd.GroupRank, m.spec.Host, why)
+	if err := leaveRanks(ctx, rd.Store, rd.GroupWorldSize, msg); err != nil {
+		return err
+	}
+	return m.handler.Leave(ctx)
 }
 
 func (m *staticMembership) close() error { return m.handler.Close() }
@@ -237,5 +262,7 @@ func (m *dynamicMembership) done(ctx context.Context) error {
 	}
 	return err
 }
+
+func (m *dynamicMembership) leave(ctx context.Context, _ string) error { return m.d.Leave(ctx) }
 
 func (m *dynamicMembership) close() error { return m.d.Close() }

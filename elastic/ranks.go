@@ -3,6 +3,7 @@ package elastic
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"strconv"
 
@@ -15,6 +16,9 @@ type roleInfo struct {
 	Role           string `json:"role"`
 	Rank           int    `json:"rank"`
 	LocalWorldSize int    `json:"local_world_size"`
+	// Left, gorun's own, says that a node left before the ranks were
+	// assigned, and why (leaveRanks).
+	Left string `json:"gorun_left,omitempty"`
 }
 
 // ranks says where this node's workers sit in the job.
@@ -49,6 +53,9 @@ func assignRanks(ctx context.Context, store rendezvous.Store, groupRank, groupWo
 		if err := json.Unmarshal(v, &info); err != nil {
 			return ranks{}, fmt.Errorf("role info of node %d: %w", i, err)
 		}
+		if info.Left != "" {
+			return ranks{}, errors.New(info.Left)
+		}
 		if i < groupRank {
 			r.BaseRank += info.LocalWorldSize
 		}
@@ -61,6 +68,29 @@ func assignRanks(ctx context.Context, store rendezvous.Store, groupRank, groupWo
 		}
 	}
 	return r, nil
+}
+
+// leaveRanks tells the nodes of a static job, within ctx, that this one
+// left before the ranks were assigned, and why: the job cannot run without
+// it. It puts why in place of every node's role info, in one request:
+// those waiting in assignRanks wake and fail at once naming it, and so do
+// nodes that come later (they find it beside their own), instead of
+// waiting out the store's timeout, or starting workers that would wait
+// for this node's.
+func leaveRanks(ctx context.Context, store rendezvous.Store, groupWorldSize int, why string) error {
+	left, err := json.Marshal(roleInfo{Left: why})
+	if err != nil {
+		return err
+	}
+	keys := make([]string, groupWorldSize)
+	values := make([][]byte, groupWorldSize)
+	for i := range keys {
+		keys[i], values[i] = roleInfoKey(i), left
+	}
+	if err := store.MultiSet(ctx, keys, values); err != nil {
+		return fmt.Errorf("elastic: tell the other nodes that this one left: %w", err)
+	}
+	return nil
 }
 
 func roleInfoKey(groupRank int) string {

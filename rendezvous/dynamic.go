@@ -72,9 +72,14 @@ type DynamicOptions struct {
 	// LastCallTimeout is how long a round stays open for more nodes once
 	// MinNodes have joined, as measured by each waiting node's own clock.
 	LastCallTimeout time.Duration
-	// CloseTimeout bounds what Close and an abandoned join still say to
-	// the store.
+	// CloseTimeout bounds what Close, a join that the store failed, and a
+	// join abandoned by its caller (withdrawn by the next Next or Close)
+	// still say to the store; Leave takes its bound from its caller.
 	CloseTimeout time.Duration
+	// HostsStore says that the store lives in this process and goes with
+	// it: leaving then ends the job (Leave), since the others cannot go on
+	// without the store.
+	HostsStore bool
 	// Every participant heartbeats every HeartbeatInterval; a node whose
 	// heartbeat counter stays the same for HeartbeatMisses intervals of the
 	// observer's clock is dead.
@@ -171,9 +176,20 @@ type Dynamic struct {
 
 	mu     sync.Mutex
 	closed bool
+	left   bool        // Leave was called: Close says nothing more
 	round  *RoundInfo  // the latest round this node took part in
 	state  jobState    // the job state that opened it
 	watch  *roundWatch // that round's heartbeats; nil once stopped
+	// abandoned is where this node arrived in a round that its caller
+	// gave up joining (Next's ctx ended): the next Next, Leave or Close
+	// withdraws it, each within its own bound.
+	abandoned *arrival
+}
+
+// arrival is this node's arrival, idx-th, in the round that st opened.
+type arrival struct {
+	st  jobState
+	idx int
 }
 
 var _ Handler = (*Dynamic)(nil)
@@ -264,8 +280,11 @@ func (d *Dynamic) Current() *RoundInfo {
 // it (Current tells more). Calling Next again while that round is still
 // current opens a new round for everyone. It fails when the job is over
 // (ErrJobEnded, ErrJobFailed), when JoinTimeout passes without a place for
-// this node (ErrJoinTimeout, naming how many nodes came), or when ctx ends;
-// on the way out it withdraws this node from a round not yet decided.
+// this node (ErrJoinTimeout, naming how many nodes came), or when ctx ends.
+// A node that gives up a round it joined withdraws from it: at once when
+// the store failed; when ctx ended, in the next Next, Leave or Close, so
+// that a caller in a hurry (an agent stopped by a signal) bounds what is
+// still said to the store.
 func (d *Dynamic) Next(ctx context.Context) (*Round, error) {
 	ctx, done, err := d.begin(ctx)
 	if err != nil {
@@ -276,6 +295,11 @@ func (d *Dynamic) Next(ctx context.Context) (*Round, error) {
 	if o.MinNodes > o.MaxNodes {
 		return nil, fmt.Errorf("rendezvous: min nodes %d > max nodes %d", o.MinNodes, o.MaxNodes)
 	}
+	if a := d.takeAbandoned(); a != nil {
+		wctx, cancel := context.WithTimeout(ctx, o.CloseTimeout)
+		d.withdraw(wctx, a.st, a.idx)
+		cancel()
+	}
 
 	st, err := d.leaveRound(ctx)
 	if err != nil {
@@ -284,7 +308,7 @@ func (d *Dynamic) Next(ctx context.Context) (*Round, error) {
 	deadline := o.Now().Add(o.JoinTimeout)
 	for {
 		if st.end != running {
-			return nil, d.overError(st)
+			return nil, d.overError(ctx, st)
 		}
 		idx, v, err := d.join(ctx, st, deadline)
 		if err != nil {
@@ -396,7 +420,7 @@ func (d *Dynamic) join(ctx context.Context, st jobState, deadline time.Time) (id
 	case errors.Is(err, ErrJobEnded), errors.Is(err, ErrJobFailed):
 		return idx, v, err
 	case err != nil:
-		d.withdraw(ctx, st, idx)
+		d.giveUp(ctx, st, idx)
 		return idx, v, fmt.Errorf("rendezvous: join round %d: %w", r, err)
 	}
 	return idx, v, nil
@@ -440,7 +464,7 @@ func (d *Dynamic) awaitDecision(ctx context.Context, st jobState, deadline time.
 			return verdict{}, err
 		}
 		if cur.end != running {
-			return verdict{}, d.overError(cur)
+			return verdict{}, d.overError(ctx, cur)
 		}
 		v, ok, err := d.job.await(ctx, roundKey(r, "final"), wait)
 		if err != nil {
@@ -453,13 +477,36 @@ func (d *Dynamic) awaitDecision(ctx context.Context, st jobState, deadline time.
 	}
 }
 
+// giveUp takes this node, arrival idx of round st.round, out of the round
+// as a join fails: at once, within CloseTimeout, when the store failed;
+// when ctx ended, its caller gave up and may be in a hurry, so the next
+// Next, Leave or Close does, within its own bound.
+func (d *Dynamic) giveUp(ctx context.Context, st jobState, idx int) {
+	if ctx.Err() == nil {
+		wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), d.opts.CloseTimeout)
+		defer cancel()
+		d.withdraw(wctx, st, idx)
+		return
+	}
+	d.mu.Lock()
+	d.abandoned = &arrival{st: st, idx: idx}
+	d.mu.Unlock()
+}
+
+// takeAbandoned returns, and forgets, the arrival that a caller gave up.
+func (d *Dynamic) takeAbandoned() *arrival {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	a := d.abandoned
+	d.abandoned = nil
+	return a
+}
+
 // withdraw takes this node, arrival idx of round st.round, out of the
-// round as it gives up: it voids the round if undecided (the others join
-// the next one), or leaves it if decided with this node. The request that
+// round within ctx: it voids the round if undecided (the others join the
+// next one), or leaves it if decided with this node. The request that
 // failed may have left the store unusable: this is best effort.
-func (d *Dynamic) withdraw(ctx context.Context, st jobState, idx int) {
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), d.opts.CloseTimeout)
-	defer cancel()
+func (d *Dynamic) withdraw(ctx context.Context, st jobState, idx int) error {
 	n, err := d.job.decide(ctx, st.round, 0)
 	if err == nil && idx < n {
 		reason := fmt.Sprintf("node %s on %s left", d.opts.NodeID, d.opts.Host)
@@ -467,7 +514,9 @@ func (d *Dynamic) withdraw(ctx context.Context, st jobState, idx int) {
 	}
 	if err != nil {
 		d.log.Warn().Err(err).Int("round", st.round).Msg("could not withdraw from the round")
+		return fmt.Errorf("rendezvous: withdraw from round %d: %w", st.round, err)
 	}
+	return nil
 }
 
 // errUnregistered: a participant never published its descriptor.
@@ -506,7 +555,7 @@ func (d *Dynamic) takePart(ctx context.Context, st jobState, idx int, v verdict)
 		err = json.Unmarshal(raw, &p)
 	}
 	if err != nil {
-		d.withdraw(ctx, st, idx)
+		d.giveUp(ctx, st, idx)
 		return nil, fmt.Errorf("rendezvous: read this node's place in round %d: %w", r, err)
 	}
 
@@ -615,17 +664,24 @@ func (d *Dynamic) awaitNextRound(ctx context.Context, st jobState) error {
 	}
 }
 
-// overError describes a job that is over.
-func (d *Dynamic) overError(st jobState) error {
+// overError describes a job that is over; an ended job's error says why,
+// as recorded by the node that ended it.
+func (d *Dynamic) overError(ctx context.Context, st jobState) error {
 	if st.end == failed {
 		return fmt.Errorf("rendezvous: job %s has failed after %d restarts: %w", d.opts.RunID, st.restarts, ErrJobFailed)
 	}
-	return &jobEndedError{runID: d.opts.RunID}
+	reason, _, _ := d.job.await(ctx, roundKey(st.round-1, "superseded"), d.poll)
+	return &jobEndedError{runID: d.opts.RunID, reason: string(reason)}
 }
 
-// jobEndedError reads "rendezvous: job <run id> has ended".
-type jobEndedError struct{ runID string }
+// jobEndedError reads "rendezvous: job <run id> has ended (<reason>)".
+type jobEndedError struct{ runID, reason string }
 
-func (e *jobEndedError) Error() string { return "rendezvous: job " + e.runID + " has ended" }
+func (e *jobEndedError) Error() string {
+	if e.reason == "" {
+		return "rendezvous: job " + e.runID + " has ended"
+	}
+	return "rendezvous: job " + e.runID + " has ended (" + e.reason + ")"
+}
 
 func (e *jobEndedError) Unwrap() error { return ErrJobEnded }

@@ -80,7 +80,7 @@ func (d *Dynamic) Done(ctx context.Context, timeout time.Duration) error {
 		case ok:
 			return nil
 		case cur.end != running:
-			return d.overError(cur)
+			return d.overError(ctx, cur)
 		case cur != st:
 			return fmt.Errorf("%w: %s", ErrRoundChanged, d.job.reason(ctx, r, cur, d.poll))
 		case !deadline.IsZero() && !o.Now().Before(deadline):
@@ -136,7 +136,7 @@ func (d *Dynamic) Fail(ctx context.Context, report []byte) (restart bool, err er
 	case failed:
 		return false, nil
 	case ended:
-		return false, d.overError(cur)
+		return false, d.overError(ctx, cur)
 	}
 	return true, nil
 }
@@ -320,12 +320,89 @@ func (d *Dynamic) endJob(ctx context.Context, st jobState, reason string) error 
 	return err
 }
 
-// Close leaves the rendezvous, and closes the stores. It does not end the
-// job (Shutdown does): if this node's round is still current, it opens the
-// next one so that the other nodes go on without it at once (unlike
-// torch's, where one agent's exit closes the rendezvous for all). Calls in
-// progress return ErrHandlerClosed; Close waits for them and for the
-// heartbeats to stop, and closes Changed of this node's round.
+// Leave tells the other nodes, within ctx, that this one is going, so
+// that none waits for it: it withdraws from a round that Next gave up
+// joining, and supersedes its round if that is still current, so that the
+// others go on without it at once. A node that hosts the store
+// (HostsStore) ends the job instead, and voids the round being formed:
+// the store goes with it, so the others cannot go on, and they learn at
+// once that the job is over rather than lose the store under them. It
+// stops the heartbeats, and closes Changed of this node's round; Close,
+// afterwards, says nothing more to the store. Like Next, it is meant for
+// the agent's loop, once no other call is in progress.
+func (d *Dynamic) Leave(ctx context.Context) error {
+	ctx, done, err := d.begin(ctx)
+	if err != nil {
+		return err
+	}
+	defer done()
+	d.mu.Lock()
+	if d.left {
+		d.mu.Unlock()
+		return nil
+	}
+	d.left = true
+	d.mu.Unlock()
+	return d.leave(ctx)
+}
+
+// leave is Leave without its bookkeeping, for Close as well.
+func (d *Dynamic) leave(ctx context.Context) error {
+	d.mu.Lock()
+	ri, st, a := d.round, d.state, d.abandoned
+	d.abandoned = nil
+	d.stopWatchLocked()
+	d.mu.Unlock()
+	o := d.opts
+	var err error
+	switch {
+	case o.HostsStore:
+		err = d.endForAll(ctx)
+	case a != nil:
+		err = d.withdraw(ctx, a.st, a.idx)
+	}
+	if ri != nil && !ri.ended() {
+		if !o.HostsStore {
+			reason := fmt.Sprintf("node %s on %s left", o.NodeID, o.Host)
+			to := st.next(st.restarts, running)
+			if cur, aerr := d.job.advance(ctx, st, to, reason); aerr != nil {
+				err = errors.Join(err, fmt.Errorf("rendezvous: leave round %d: %w", st.round, aerr))
+			} else if cur == to {
+				d.log.Info().Int("round", st.round).Msg(reason)
+			}
+		}
+		ri.end("this node left the rendezvous")
+	}
+	return err
+}
+
+// endForAll ends the job as its store's host leaves, unless it is over,
+// and voids the round being formed, so that the nodes waiting for it to
+// be decided wake and find the job over.
+func (d *Dynamic) endForAll(ctx context.Context) error {
+	st, err := d.job.state(ctx)
+	if err != nil || st.end != running {
+		return err
+	}
+	reason := fmt.Sprintf("job ended: node %s on %s, which hosts the store, left", d.opts.NodeID, d.opts.Host)
+	if err := d.endJob(ctx, st, reason); err != nil {
+		return fmt.Errorf("rendezvous: end job %s: %w", d.opts.RunID, err)
+	}
+	d.log.Info().Int("round", st.round).Msg(reason)
+	if _, err := d.job.decide(ctx, st.round, 0); err != nil {
+		return fmt.Errorf("rendezvous: void round %d: %w", st.round, err)
+	}
+	return nil
+}
+
+// Close leaves the rendezvous, as Leave does within CloseTimeout unless
+// Leave was called, and closes the stores. It does not end the job
+// (Shutdown does) unless this node hosts the store: if this node's round
+// is still current, it opens the next one so that the other nodes go on
+// without it at once (unlike torch's, where one agent's exit closes the
+// rendezvous for all). Calls in progress return ErrHandlerClosed; Close
+// waits for them and for the heartbeats to stop, and closes Changed of
+// this node's round.
 func (d *Dynamic) Close() error {
 	d.mu.Lock()
 	if d.closed {
@@ -333,27 +410,20 @@ func (d *Dynamic) Close() error {
 		return nil
 	}
 	d.closed = true
+	left := d.left
 	d.mu.Unlock()
 	d.quit()
 	d.ops.Wait()
 
-	d.mu.Lock()
-	ri, st := d.round, d.state
-	d.stopWatchLocked()
-	d.mu.Unlock()
-
 	var err error
-	if ri != nil && !ri.ended() {
+	if left {
+		d.mu.Lock()
+		d.stopWatchLocked()
+		d.mu.Unlock()
+	} else {
 		ctx, cancel := context.WithTimeout(context.Background(), d.opts.CloseTimeout)
-		reason := fmt.Sprintf("node %s on %s left", d.opts.NodeID, d.opts.Host)
-		to := st.next(st.restarts, running)
-		if cur, aerr := d.job.advance(ctx, st, to, reason); aerr != nil {
-			err = fmt.Errorf("rendezvous: leave round %d: %w", st.round, aerr)
-		} else if cur == to {
-			d.log.Info().Int("round", st.round).Msg(reason)
-		}
+		err = d.leave(ctx)
 		cancel()
-		ri.end("this node left the rendezvous")
 	}
 	for _, s := range d.owned {
 		err = errors.Join(err, s.Close())

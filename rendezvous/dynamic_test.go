@@ -669,7 +669,7 @@ func TestDynamicCloseLeavesShutdownEnds(t *testing.T) {
 		}
 		for _, d := range []*Dynamic{b, job.node("d")} {
 			_, err := d.Next(context.Background())
-			if want := "rendezvous: job job has ended"; err == nil || err.Error() != want || !errors.Is(err, ErrJobEnded) {
+			if want := "rendezvous: job job has ended (job ended: node a on host-a shut it down)"; err == nil || err.Error() != want || !errors.Is(err, ErrJobEnded) {
 				t.Errorf("%s: Next = %v, want %q", d.opts.NodeID, err, want)
 			}
 		}
@@ -883,4 +883,71 @@ func (c *countingStore) CompareSet(ctx context.Context, key string, expected, de
 func (c *countingStore) MultiGet(ctx context.Context, keys []string) ([][]byte, error) {
 	c.count()
 	return c.Store.MultiGet(ctx, keys)
+}
+
+// An agent stopped by a signal cancels Next and then leaves within a
+// bound of its own: its arrival is withdrawn by Leave, not by Next, so
+// the nodes that come next form a round without it.
+func TestDynamicLeaveWithdrawsAnAbandonedJoin(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		job := newTestJob(t, 3, 3)
+		a, b := job.node("a"), job.node("b")
+		waiting := startNext(b)
+		ctx, cancel := context.WithCancel(context.Background())
+		abandoned := make(chan error, 1)
+		go func() {
+			_, err := a.Next(ctx)
+			abandoned <- err
+		}()
+		synctest.Wait() // a and b have joined round 0 and wait
+		cancel()
+		if err := <-abandoned; !errors.Is(err, context.Canceled) {
+			t.Fatalf("abandoned Next = %v", err)
+		}
+		if err := a.Leave(ctxTimeout(t, time.Second)); err != nil {
+			t.Fatal(err)
+		}
+		c, d := job.node("c"), job.node("d")
+		late := startNext(c, d)
+		for range 2 {
+			if r := <-late; r.err != nil {
+				t.Fatalf("%s: %v", r.d.opts.NodeID, r.err)
+			}
+		}
+		if r := <-waiting; r.err != nil {
+			t.Fatalf("b: %v", r.err)
+		}
+		if ids := order(t, b); slices.Contains(ids, "a") || len(ids) != 3 {
+			t.Errorf("round %d: %v, want b, c and d", b.Current().Number, ids)
+		}
+	})
+}
+
+// The store's host leaving ends the job: a node waiting for a round wakes
+// at once and learns why.
+func TestDynamicHostLeavingEndsTheJob(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		job := newTestJob(t, 3, 3)
+		host := job.node("host", func(o *DynamicOptions) { o.HostsStore = true })
+		b := job.node("b")
+		waiting := startNext(host, b)
+		synctest.Wait() // both have joined round 0 and wait
+		start := time.Now()
+		if err := host.Close(); err != nil {
+			t.Fatal(err)
+		}
+		for range 2 {
+			r := <-waiting
+			if r.d == host {
+				continue
+			}
+			want := "rendezvous: job job has ended (job ended: node host on host-host, which hosts the store, left)"
+			if r.err == nil || r.err.Error() != want || !errors.Is(r.err, ErrJobEnded) {
+				t.Errorf("b's Next = %v, want %q", r.err, want)
+			}
+			if took := time.Since(start); took > 0 {
+				t.Errorf("b learned it after %v, want at once, not at its next look", took)
+			}
+		}
+	})
 }

@@ -20,6 +20,9 @@ type Round struct {
 type Handler interface {
 	// Next blocks until this node is part of a complete round.
 	Next(ctx context.Context) (*Round, error)
+	// Leave tells the other nodes, within ctx, that this one is going, so
+	// that none waits for it in vain; call Close afterwards.
+	Leave(ctx context.Context) error
 	// Close leaves the rendezvous and releases the store; a hosted store
 	// stops serving.
 	Close() error

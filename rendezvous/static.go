@@ -33,6 +33,8 @@ type Static struct {
 	port   int
 }
 
+var _ Handler = (*Static)(nil)
+
 // NewStatic returns a static rendezvous handler; nothing is started before
 // Next.
 func NewStatic(opts StaticOptions) *Static {
@@ -60,6 +62,7 @@ func (s *Static) connect(ctx context.Context) error {
 	o := s.opts
 	if o.NodeRank != 0 {
 		addr := net.JoinHostPort(o.Host, strconv.Itoa(o.Port))
+		o.Logger.Info().Str("endpoint", addr).Msg("joining the store of node 0")
 		c, err := Dial(ctx, addr, ClientOptions{Timeout: o.Timeout})
 		if err != nil {
 			return fmt.Errorf("rendezvous: node %d joins the store of node 0: %w", o.NodeRank, err)
@@ -88,6 +91,26 @@ func (s *Static) connect(ctx context.Context) error {
 	// do, and they put "/" in front of every key.
 	s.store = NewPrefixStore("", s.server.Store())
 	o.Logger.Info().Str("endpoint", net.JoinHostPort(o.Host, strconv.Itoa(s.port))).Msg("store listening")
+	return nil
+}
+
+// Leave lets the other nodes read what this one last wrote to the store
+// (the agent marks there that it left) before the store goes with it: a
+// node that hosts the store waits, within ctx, until no other node is
+// connected to it. A static rendezvous has no rounds to leave.
+func (s *Static) Leave(ctx context.Context) error {
+	if s.server == nil {
+		return nil
+	}
+	t := time.NewTicker(10 * time.Millisecond)
+	defer t.Stop()
+	for s.server.Clients() > 0 {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-t.C:
+		}
+	}
 	return nil
 }
 

@@ -171,13 +171,19 @@ func launch(ctx context.Context, spec elastic.Spec, log zerolog.Logger, stdout, 
 	}
 	defer keeper.Close()
 
-	rdzv, release, err := newRendezvous(ctx, &spec, log)
-	if err != nil {
-		return 0, err
-	}
+	// The agent opens the rendezvous, which may wait for a store that is
+	// not up yet, so that a signal stops that wait as it stops the others.
+	release := func(bool) {}
 	agent := elastic.NewAgent(spec, elastic.Options{
 		Logger: log, Stdout: stdout, Stderr: stderr,
-		Rendezvous: rdzv, Signals: signals, Keeper: keeper,
+		Signals: signals, Keeper: keeper,
+		OpenRendezvous: func(ctx context.Context) (rendezvous.Handler, error) {
+			h, rel, err := newRendezvous(ctx, &spec, log)
+			if err == nil {
+				release = rel
+			}
+			return h, err
+		},
 	})
 	result, err := agent.Run(ctx)
 	if err != nil {
@@ -219,6 +225,10 @@ func isTerminal(w io.Writer) bool {
 	fi, err := f.Stat()
 	return err == nil && fi.Mode()&os.ModeCharDevice != 0
 }
+
+// leaveLinger is how long the store's host, leaving on a signal or an
+// error, keeps it up for the other agents to read that the job ended.
+const leaveLinger = 300 * time.Millisecond
 
 // newRendezvous returns the handler for spec's rendezvous backend, and
 // what to release once the job is over; release(true) lets the other
@@ -275,11 +285,14 @@ func newDynamic(ctx context.Context, spec *elastic.Spec, log zerolog.Logger) (re
 		HeartbeatMisses:   d.HeartbeatMisses,
 		HeartbeatTimeout:  d.HeartbeatTimeout,
 		HeartbeatStore:    ep.Heartbeats,
+		HostsStore:        ep.Hosting,
 		MaxRestarts:       spec.MaxRestarts,
 		Logger:            log,
 	})
 	return h, func(jobOver bool) {
-		linger := time.Duration(0)
+		// Leaving ended the job (HostsStore): the others, woken, read that
+		// at once and hang up; a stopped agent must not wait longer.
+		linger := min(leaveLinger, d.CloseTimeout)
 		if jobOver {
 			linger = d.CloseTimeout
 		}
