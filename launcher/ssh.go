@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"cmp"
 	"context"
+	"crypto/rand"
 	"errors"
 	"fmt"
 	"io"
@@ -247,7 +248,9 @@ type SSHProcess struct {
 
 // remotePidMarker starts the line by which the remote shell announces its
 // pid (the command's process group: sshd makes it a session leader) before
-// it execs the command. The line is taken out of stdout.
+// it execs the command, followed by a nonce of the session's: a login
+// script that prints such a line cannot know it, so cannot name the
+// process group that Signal kills. The line is taken out of stdout.
 const remotePidMarker = "gorun-remote-pid "
 
 // Start runs argv on the remote host in dir ("" = the login directory) with
@@ -281,14 +284,15 @@ func (c *SSHClient) Start(ctx context.Context, dir string, env, argv []string, s
 	if stdout == nil {
 		stdout = io.Discard
 	}
-	pid := &pidScanner{w: &stickyWriter{w: stdout}, known: make(chan struct{})}
+	marker := remotePidMarker + rand.Text() + " "
+	pid := &pidScanner{w: &stickyWriter{w: stdout}, marker: []byte(marker), known: make(chan struct{})}
 	sess.Stdout = pid
 	if stderr != nil {
 		sess.Stderr = &stickyWriter{w: stderr}
 	}
 	line := RemoteCommandLine(dir, env, argv)
 	c.log.Debug().Str("command", line).Msg("starting remote command")
-	if err := sess.Start("echo " + remotePidMarker + "$$; " + line); err != nil {
+	if err := sess.Start("echo " + marker + "$$; " + line); err != nil {
 		sess.Close()
 		return nil, c.sessionError("start", err)
 	}
@@ -497,10 +501,11 @@ func (p *SSHProcess) stop() {
 // pidScanner passes a stream through to w, except the line announcing the
 // remote pid. Lines before it (a chatty login script's) pass through too.
 type pidScanner struct {
-	w     io.Writer
-	buf   []byte
-	pid   int           // 0 = unknown; set before known is closed
-	known chan struct{} // closed once pid is known or never will be
+	w      io.Writer
+	marker []byte // the session's marker, nonce included
+	buf    []byte
+	pid    int           // 0 = unknown; set before known is closed
+	known  chan struct{} // closed once pid is known or never will be
 }
 
 func (s *pidScanner) Write(p []byte) (int, error) {
@@ -517,8 +522,8 @@ func (s *pidScanner) Write(p []byte) (int, error) {
 			return len(p), nil
 		}
 		line := s.buf[:i+1]
-		if pid, ok := bytes.CutPrefix(line, []byte(remotePidMarker)); ok {
-			s.pid, _ = strconv.Atoi(string(bytes.TrimSpace(pid)))
+		if pid, ok := bytes.CutPrefix(line, s.marker); ok {
+			s.pid = parseRemotePid(bytes.TrimSpace(pid))
 			rest := s.buf[i+1:]
 			s.buf = nil
 			close(s.known)
@@ -528,6 +533,17 @@ func (s *pidScanner) Write(p []byte) (int, error) {
 		s.w.Write(line)
 		s.buf = s.buf[i+1:]
 	}
+}
+
+// parseRemotePid reads the remote shell's pid, or 0 for anything that is
+// not a pid Signal may kill the process group of: 1 would make it
+// `kill -- -1`, every process the remote user may signal.
+func parseRemotePid(b []byte) int {
+	pid, err := strconv.Atoi(string(b))
+	if err != nil || pid <= 1 {
+		return 0
+	}
+	return pid
 }
 
 func (s *pidScanner) isKnown() bool {
@@ -554,7 +570,7 @@ func (s *pidScanner) flush() {
 // RemoteCommandLine is the line sshd hands to the remote user's login shell
 // (`$SHELL -c line`) to run argv in dir with env:
 //
-//	cd 'dir' && exec env 'K=v' ... 'argv0' 'arg1' ...
+//	cd -- 'dir' && exec env 'K=v' ... 'argv0' 'arg1' ...
 //
 // Every word is single-quoted, a quote inside it written as
 //
@@ -569,7 +585,8 @@ func (s *pidScanner) flush() {
 func RemoteCommandLine(dir string, env []string, argv []string) string {
 	var b strings.Builder
 	if dir != "" {
-		b.WriteString("cd " + shellQuote(dir) + " && ")
+		// "--": a folder named "-P" is a folder, not an option.
+		b.WriteString("cd -- " + shellQuote(dir) + " && ")
 	}
 	b.WriteString("exec")
 	if len(env) > 0 {

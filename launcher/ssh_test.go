@@ -26,7 +26,7 @@ var nastyValues = []string{"a b", "it's", `"dq"`, "$HOME", "`id`", "x\ny\n", `ba
 
 func TestRemoteCommandLine(t *testing.T) {
 	got := RemoteCommandLine("/w d", []string{"A=it's", "B="}, []string{"prog", "a b"})
-	want := `cd '/w d' && exec env 'A=it'\''s' 'B=' 'prog' 'a b'`
+	want := `cd -- '/w d' && exec env 'A=it'\''s' 'B=' 'prog' 'a b'`
 	if got != want {
 		t.Errorf("got  %s\nwant %s", got, want)
 	}
@@ -572,4 +572,30 @@ func TestSSHConnectionLost(t *testing.T) {
 			t.Errorf("exit %d, %v", code, err)
 		}
 	})
+}
+
+// Only the session's own marker names the remote pid: a login script's
+// look-alike line passes through as output, and a pid that would make
+// Signal kill more than the command's process group is refused.
+func TestPidScannerTrustsOnlyItsMarker(t *testing.T) {
+	for _, tc := range []struct {
+		out     string
+		wantPid int
+		wantOut string
+	}{
+		{"gorun-remote-pid N1 4242\nhello\n", 4242, "hello\n"},
+		{"gorun-remote-pid 1\ngorun-remote-pid N1 77\nx\n", 77, "gorun-remote-pid 1\nx\n"},
+		{"gorun-remote-pid N1 1\n", 0, ""},
+		{"gorun-remote-pid N1 -1\n", 0, ""},
+		{"gorun-remote-pid N1 0\n", 0, ""},
+		{"gorun-remote-pid N2 99\n", 0, "gorun-remote-pid N2 99\n"},
+	} {
+		var out bytes.Buffer
+		s := &pidScanner{w: &out, marker: []byte(remotePidMarker + "N1 "), known: make(chan struct{})}
+		s.Write([]byte(tc.out))
+		s.flush()
+		if s.pid != tc.wantPid || out.String() != tc.wantOut {
+			t.Errorf("%q: pid %d, output %q; want %d, %q", tc.out, s.pid, out.String(), tc.wantPid, tc.wantOut)
+		}
+	}
 }

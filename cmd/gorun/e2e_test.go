@@ -222,6 +222,12 @@ func TestMalformedFlagsAreRejected(t *testing.T) {
 		{[]string{"--bind-to", "socket"}, `--bind-to "socket"`},
 		{[]string{"--no-such-flag"}, "no-such-flag"},
 		{[]string{"--module", "--no-python"}, "--module and --no-python"},
+		{[]string{"--nproc-per-node", "2", "--nproc_per_node", "3"}, "two forms of the same flag"},
+		{[]string{"--shutdown-timeout", "NaN"}, `--shutdown-timeout "NaN"`},
+		{[]string{"--shutdown-timeout", "1e300"}, `--shutdown-timeout "1e300"`},
+		{[]string{"--monitor-interval", "0"}, `--monitor-interval "0"`},
+		{[]string{"--nproc-per-node", "100000"}, "ulimit -n"},
+		{[]string{"--rdzv-backend", "c10d", "--rdzv-endpoint", ":::"}, `--rdzv-endpoint ":::"`},
 	} {
 		j := gorun(t, nil, append(tc.args, w)...)
 		if j.code != 2 || !strings.Contains(j.stderr, tc.want) {
@@ -233,6 +239,22 @@ func TestMalformedFlagsAreRejected(t *testing.T) {
 	}
 	if _, err := os.Stat(marker); err == nil {
 		t.Error("a worker started despite malformed flags")
+	}
+}
+
+// A program that is not there is named, with a shell's 127, before any
+// rendezvous.
+func TestMissingProgramExits127(t *testing.T) {
+	dir := t.TempDir()
+	for _, args := range [][]string{
+		{filepath.Join(dir, "absent")},
+		{"--python", filepath.Join(dir, "nopython"), "train.py"},
+		{"gorun-no-such-command-anywhere"},
+	} {
+		j := gorun(t, nil, args...)
+		if j.code != 127 || !strings.Contains(j.stderr, "cannot run it") || strings.Contains(j.stderr, "rendezvous") {
+			t.Errorf("gorun %v: want exit 127 naming the program, nothing started:\n%s", args, j)
+		}
 	}
 }
 

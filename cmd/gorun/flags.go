@@ -6,10 +6,12 @@ import (
 	"errors"
 	"io"
 	"os"
+	"os/exec"
 	"strings"
 
 	"github.com/rs/zerolog"
 	"github.com/urfave/cli/v2"
+	"golang.org/x/sys/unix"
 
 	"github.com/gorun/gorun/elastic"
 	"github.com/gorun/gorun/launcher"
@@ -132,6 +134,9 @@ func specFromFlags(c *cli.Context, stderr io.Writer) (elastic.Spec, zerolog.Logg
 		stdoutIsTerminal: isTerminal(os.Stdout),
 		hostname:         elastic.Hostname(),
 		randomID:         randomID,
+		maxFiles:         rlimit(unix.RLIMIT_NOFILE),
+		maxProcs:         rlimit(unix.RLIMIT_NPROC),
+		lookPath:         exec.LookPath,
 	})
 	log, logErr := newLogger(stderr, res.logFormat, res.logLevel)
 	if logErr != nil {
@@ -144,6 +149,17 @@ func specFromFlags(c *cli.Context, stderr io.Writer) (elastic.Spec, zerolog.Logg
 		log.WithLevel(n.level).Msg(n.msg)
 	}
 	return res.spec, log, nil
+}
+
+// rlimit is this process's soft limit on resource, 0 when there is none
+// or it cannot be read. (Go raises the open-files limit to its hard limit
+// when it starts.)
+func rlimit(resource int) uint64 {
+	var l unix.Rlimit
+	if err := unix.Getrlimit(resource, &l); err != nil || l.Cur == unix.RLIM_INFINITY {
+		return 0
+	}
+	return l.Cur
 }
 
 func randomID() string {

@@ -29,6 +29,8 @@ import (
 const (
 	exitAgentError = 1
 	exitUsage      = 2
+	// exitMissingProgram is a shell's status for a command not found.
+	exitMissingProgram = 127
 )
 
 // usageError marks errors in what the user typed.
@@ -51,9 +53,13 @@ func run(args []string, stdout, stderr io.Writer) int {
 	app := newApp(stdout, stderr, &status)
 	err := app.Run(args)
 	var ue usageError
+	var missing *missingProgramError
 	switch {
 	case err == nil:
 		return status
+	case errors.As(err, &missing):
+		fmt.Fprintf(stderr, "gorun: %v\n", missing)
+		return exitMissingProgram
 	case errors.As(err, &ue):
 		fmt.Fprintf(stderr, "gorun: %v\nRun 'gorun --help' for usage.\n", ue.err)
 		return exitUsage
@@ -72,7 +78,8 @@ func isFlagError(err error) bool {
 	msg := err.Error()
 	return strings.HasPrefix(msg, "flag provided but not defined") ||
 		strings.HasPrefix(msg, "invalid value") ||
-		strings.HasPrefix(msg, "flag needs an argument")
+		strings.HasPrefix(msg, "flag needs an argument") ||
+		strings.HasPrefix(msg, "Cannot use two forms of the same flag")
 }
 
 // flagErrorAsTyped rewrites the standard flag package's message, which

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"math"
 	"net"
 	"slices"
 	"strconv"
@@ -48,7 +49,21 @@ type machine struct {
 	hostname         string
 	// randomID names a run that needs a fresh id (--standalone).
 	randomID func() string
+	// maxFiles and maxProcs are this process's limits on open files and
+	// on the user's processes (RLIMIT_NOFILE, RLIMIT_NPROC); 0 is none.
+	maxFiles, maxProcs uint64
+	// lookPath finds a program as exec does; nil skips the check (tests).
+	lookPath func(file string) (string, error)
 }
+
+// Each worker holds open files in gorun for as long as it runs: the read
+// ends of its stdout and stderr (a terminal's master, or pipes) and, while
+// it starts, their other ends. gorun keeps filesReserve for its store,
+// logs and the rendezvous.
+const (
+	filesPerWorker = 6
+	filesReserve   = 256
+)
 
 // note is a message for the log, which exists only once resolve is done.
 type note struct {
@@ -83,11 +98,26 @@ func resolve(f flagValues, program []string, m machine) (resolution, error) {
 		}
 	}
 	res.notes = r.notes
-	if len(r.errs) > 0 {
+	switch {
+	case len(r.errs) > 0:
 		return res, usageError{errors.Join(r.errs...)}
+	case r.missing != nil:
+		return res, r.missing
 	}
 	return res, nil
 }
+
+// missingProgramError is a program that cannot be run here; gorun exits
+// 127 for it, as a shell does.
+type missingProgramError struct {
+	program string
+	err     error
+}
+
+func (e *missingProgramError) Error() string {
+	return fmt.Sprintf("%s: cannot run it: %v", e.program, e.err)
+}
+func (e *missingProgramError) Unwrap() error { return e.err }
 
 // resolver gathers the errors and notes of one resolution.
 type resolver struct {
@@ -97,6 +127,8 @@ type resolver struct {
 	notes []note
 	// inSlurmStep is set once the rendezvous found an srun step.
 	inSlurmStep bool
+	// missing is set when the program cannot be found.
+	missing *missingProgramError
 }
 
 func (r *resolver) fail(err error) { r.errs = append(r.errs, err) }
@@ -118,14 +150,27 @@ func (r *resolver) int(name string) int {
 	return n
 }
 
+// maxDuration bounds every duration gorun takes: a year is beyond any
+// timeout that means something, and far below where a float of seconds
+// overflows a time.Duration into a negative one.
+const maxDuration = 366 * 24 * time.Hour
+
 // seconds parses a number of seconds, named what for the error.
 func (r *resolver) seconds(what, value string) time.Duration {
-	f, err := strconv.ParseFloat(strings.TrimSpace(value), 64)
-	if err != nil || f < 0 || f != f {
-		r.fail(fmt.Errorf("%s %q: want a number of seconds", what, value))
-		return 0
+	d, err := parseSeconds(value)
+	if err != nil {
+		r.fail(fmt.Errorf("%s %q: %w", what, value, err))
 	}
-	return time.Duration(f * float64(time.Second))
+	return d
+}
+
+// parseSeconds reads a finite number of seconds from 0 to maxDuration.
+func parseSeconds(value string) (time.Duration, error) {
+	f, err := strconv.ParseFloat(strings.TrimSpace(value), 64)
+	if err != nil || math.IsNaN(f) || f < 0 || f > maxDuration.Seconds() {
+		return 0, fmt.Errorf("want a number of seconds from 0 to %.0f", maxDuration.Seconds())
+	}
+	return time.Duration(f * float64(time.Second)), nil
 }
 
 // oneOf checks a flag against its choices.
@@ -154,7 +199,12 @@ func (r *resolver) basics(s *elastic.Spec) {
 	s.LocalAddr = f.String("local-addr")
 	s.MaxRestarts = r.int("max-restarts")
 	s.NodeRank = r.int("node-rank")
-	s.MonitorInterval = r.seconds("--monitor-interval", f.String("monitor-interval"))
+	if interval := f.String("monitor-interval"); interval != "" {
+		var err error
+		if s.MonitorInterval, err = parseSeconds(interval); err != nil || s.MonitorInterval == 0 {
+			r.fail(fmt.Errorf("--monitor-interval %q: want a positive number of seconds", interval))
+		}
+	}
 	s.ShutdownTimeout = r.seconds("--shutdown-timeout", cmp.Or(f.String("shutdown-timeout"), r.env("TORCH_ELASTIC_SHUTDOWN_TIMEOUT"), "30"))
 	s.VirtualLocalRank = f.Bool("virtual-local-rank")
 	s.ShareStore = r.env("TORCH_DISABLE_SHARE_RDZV_TCP_STORE") != "1"
@@ -176,15 +226,15 @@ func (r *resolver) basics(s *elastic.Spec) {
 	default:
 		r.fail(fmt.Errorf("--backend %q: want auto, nccl or tcp", backend))
 	}
-	var err error
 	if v := strings.TrimSpace(f.String("hang-timeout")); v != "" {
-		if s.HangTimeout, err = time.ParseDuration(v); err != nil {
-			secs, ferr := strconv.ParseFloat(v, 64)
-			if ferr != nil || secs != secs {
-				r.fail(fmt.Errorf("--hang-timeout %q: want seconds or a duration like 5m", v))
-			}
-			s.HangTimeout = time.Duration(secs * float64(time.Second))
+		d, err := time.ParseDuration(v)
+		if err != nil {
+			d, err = parseSeconds(v)
 		}
+		if err != nil || d < 0 || d > maxDuration {
+			r.fail(fmt.Errorf("--hang-timeout %q: want seconds or a duration like 5m, at most a year", v))
+		}
+		s.HangTimeout = d
 	}
 }
 
@@ -214,6 +264,15 @@ func (r *resolver) nproc(s *elastic.Spec) {
 	var err error
 	if s.NProcPerNode, err = elastic.ResolveNProc(nproc, r.m.countGPUs); err != nil {
 		r.fail(err)
+		return
+	}
+	// Found out now, not 27 s and hundreds of workers later.
+	if files := r.m.maxFiles; files > 0 && uint64(s.NProcPerNode) > (files-min(files, filesReserve))/filesPerWorker {
+		r.fail(fmt.Errorf("--nproc-per-node %d: this process may hold %d open files (ulimit -n), enough for %d workers",
+			s.NProcPerNode, files, (files-min(files, filesReserve))/filesPerWorker))
+	}
+	if procs := r.m.maxProcs; procs > 0 && uint64(s.NProcPerNode) >= procs {
+		r.fail(fmt.Errorf("--nproc-per-node %d: this user may run %d processes (ulimit -u)", s.NProcPerNode, procs))
 	}
 }
 
@@ -476,6 +535,13 @@ func (r *resolver) program(s *elastic.Spec, argv []string) {
 		s.Argv = launcher.Argv(program, args, python, module, noPython)
 	}
 	s.Python = s.Argv[0] == python && !noPython
+	// Workers run here (the head's run on the hosts): a program that is
+	// not here is named now, before any rendezvous.
+	if r.m.lookPath != nil && !headMode(f) {
+		if _, err := r.m.lookPath(s.Argv[0]); err != nil {
+			r.missing = &missingProgramError{program: s.Argv[0], err: err}
+		}
+	}
 	// Reports name the script or module, as torchrun's do, not the
 	// interpreter that runs it.
 	s.Name = program
@@ -592,9 +658,10 @@ func splitEndpoint(endpoint string, defaultPort int) (string, int, error) {
 	if i := strings.LastIndex(endpoint, ":"); i >= 0 && !strings.HasSuffix(endpoint, "]") {
 		host, portText = endpoint[:i], endpoint[i+1:]
 	}
+	bracketed := strings.HasPrefix(host, "[") && strings.HasSuffix(host, "]")
 	host = strings.TrimSuffix(strings.TrimPrefix(host, "["), "]")
-	if host == "" {
-		return "", 0, fmt.Errorf("--rdzv-endpoint %q: no host", endpoint)
+	if err := checkEndpointHost(host, bracketed); err != nil {
+		return "", 0, fmt.Errorf("--rdzv-endpoint %q: %w", endpoint, err)
 	}
 	if portText == "" {
 		return host, defaultPort, nil
@@ -604,6 +671,31 @@ func splitEndpoint(endpoint string, defaultPort int) (string, int, error) {
 		return "", 0, fmt.Errorf("--rdzv-endpoint %q: bad port %q", endpoint, portText)
 	}
 	return host, port, nil
+}
+
+// checkEndpointHost accepts a host name or an address that can be dialled:
+// an IPv6 address only in brackets (else its colons and the port's are one
+// string), no unspecified address (0.0.0.0, ::), no stray characters.
+func checkEndpointHost(host string, bracketed bool) error {
+	if host == "" {
+		return errors.New("no host")
+	}
+	if ip := net.ParseIP(host); ip != nil {
+		switch {
+		case ip.IsUnspecified():
+			return fmt.Errorf("%s is no host to reach: name the store's host", host)
+		case ip.To4() == nil && !bracketed:
+			return fmt.Errorf("write an IPv6 address in brackets: [%s]:PORT", host)
+		}
+		return nil
+	}
+	for i, c := range host {
+		ok := c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '.' || c == '_' || c == '-' && i > 0
+		if !ok {
+			return fmt.Errorf("%q is not a host name or address", host)
+		}
+	}
+	return nil
 }
 
 // isNumber reports whether s is a decimal integer.

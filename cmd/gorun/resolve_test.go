@@ -325,3 +325,85 @@ func TestFlagErrorAsTyped(t *testing.T) {
 		}
 	}
 }
+
+// Issue 21: absurd or malformed values are refused, each by name, before
+// anything starts.
+func TestResolveRejectsAbsurdInput(t *testing.T) {
+	for _, tc := range []resolveCase{
+		{name: "NaN grace", set: map[string]string{"shutdown-timeout": "NaN"}, wantErr: `--shutdown-timeout "NaN"`},
+		{name: "infinite grace", set: map[string]string{"shutdown-timeout": "Inf"}, wantErr: `--shutdown-timeout "Inf"`},
+		{name: "a grace that overflows", set: map[string]string{"shutdown-timeout": "1e300"}, wantErr: `--shutdown-timeout "1e300"`},
+		{name: "grace from the environment", env: env("TORCH_ELASTIC_SHUTDOWN_TIMEOUT", "-Inf"), wantErr: `--shutdown-timeout "-Inf"`},
+		{name: "a year is the most", set: map[string]string{"shutdown-timeout": "31622400"},
+			want: func(s elastic.Spec) bool { return s.ShutdownTimeout == 366*24*time.Hour }},
+		{name: "monitor interval 0", set: map[string]string{"monitor-interval": "0"}, wantErr: `--monitor-interval "0"`},
+		{name: "monitor interval NaN", set: map[string]string{"monitor-interval": "nan"}, wantErr: `--monitor-interval "nan"`},
+		{name: "hang timeout Inf", set: map[string]string{"hang-timeout": "+Inf"}, wantErr: `--hang-timeout "+Inf"`},
+		{name: "hang timeout as a duration", set: map[string]string{"hang-timeout": "90s"},
+			want: func(s elastic.Spec) bool { return s.HangTimeout == 90*time.Second }},
+		{name: "rdzv-conf NaN", set: map[string]string{"rdzv-backend": "c10d", "rdzv-conf": "join_timeout=NaN"}, wantErr: "join_timeout"},
+		{name: "endpoint of colons", set: map[string]string{"rdzv-backend": "c10d", "rdzv-endpoint": ":::"}, wantErr: "no host to reach"},
+		{name: "unbracketed IPv6", set: map[string]string{"rdzv-endpoint": "fe80::1:29400"}, wantErr: "in brackets"},
+		{name: "bracketed IPv6", set: map[string]string{"rdzv-backend": "c10d", "rdzv-endpoint": "[fe80::1]:29401"},
+			want: func(s elastic.Spec) bool { return s.Dynamic.Host == "fe80::1" && s.Dynamic.Port == 29401 }},
+		{name: "a host of stray characters", set: map[string]string{"rdzv-endpoint": "no de:1"}, wantErr: "not a host name"},
+		{name: "an unspecified address", set: map[string]string{"rdzv-endpoint": "0.0.0.0:1"}, wantErr: "no host to reach"},
+	} {
+		t.Run(tc.name, func(t *testing.T) { tc.check(t) })
+	}
+}
+
+// Workers beyond what the open-files or process limits allow are refused
+// before the first starts.
+func TestResolveChecksLimits(t *testing.T) {
+	m := testMachine(env())
+	m.maxFiles, m.maxProcs = 20000, 1000
+	for _, tc := range []struct {
+		nproc, wantErr string
+	}{
+		{"100", ""},
+		{"3290", ""},
+		{"3291", "enough for 3290 workers"},
+		{"100000", "ulimit -n"},
+	} {
+		m := m
+		if tc.nproc == "3290" || tc.nproc == "3291" {
+			m.maxProcs = 0
+		}
+		_, err := resolve(newFakeFlags(map[string]string{"nproc-per-node": tc.nproc}), []string{"w"}, m)
+		if (tc.wantErr == "") != (err == nil) || err != nil && !strings.Contains(err.Error(), tc.wantErr) {
+			t.Errorf("--nproc-per-node %s: %v; want %q", tc.nproc, err, tc.wantErr)
+		}
+	}
+	m.maxFiles = 0
+	if _, err := resolve(newFakeFlags(map[string]string{"nproc-per-node": "1000"}), []string{"w"}, m); err == nil || !strings.Contains(err.Error(), "ulimit -u") {
+		t.Errorf("1000 workers of 1000 processes: %v", err)
+	}
+}
+
+// A program that is not here is named, for exit 127, unless the head
+// starts it on other hosts.
+func TestResolveNamesAMissingProgram(t *testing.T) {
+	m := testMachine(env())
+	m.lookPath = func(file string) (string, error) {
+		if file == "here" {
+			return "/bin/here", nil
+		}
+		return "", errors.New("not found")
+	}
+	var missing *missingProgramError
+	if _, err := resolve(newFakeFlags(nil), []string{"gone", "x"}, m); !errors.As(err, &missing) || missing.program != "gone" {
+		t.Errorf("missing program: %v", err)
+	}
+	if _, err := resolve(newFakeFlags(map[string]string{"python": "here"}), []string{"t.py"}, m); err != nil {
+		t.Errorf("a script run by an interpreter that is here: %v", err)
+	}
+	if _, err := resolve(newFakeFlags(map[string]string{"hosts": "a,b"}), []string{"gone"}, m); err != nil {
+		t.Errorf("head mode: %v", err)
+	}
+	// A usage error wins: exit 2 for what was typed wrong.
+	var ue usageError
+	if _, err := resolve(newFakeFlags(map[string]string{"pty": "x"}), []string{"gone"}, m); !errors.As(err, &ue) {
+		t.Errorf("usage error and missing program: %v", err)
+	}
+}
