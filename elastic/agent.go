@@ -76,7 +76,7 @@ func (a *Agent) Run(ctx context.Context) (*Result, error) {
 			return a.interrupted(sig, 0), nil
 		}
 		if err != nil {
-			return nil, err
+			return nil, &RendezvousError{err}
 		}
 	}
 	m := a.membership(h)
@@ -103,9 +103,9 @@ func (a *Agent) Run(ctx context.Context) (*Result, error) {
 			a.log.Info().Err(err).Msg("the job ended before this node got a place")
 			return &Result{}, nil
 		case err != nil && attempt > 0:
-			return nil, fmt.Errorf("elastic: cannot rejoin the job: %w", err)
+			return nil, &RendezvousError{fmt.Errorf("elastic: cannot rejoin the job: %w", err)}
 		case err != nil:
-			return nil, err
+			return nil, &RendezvousError{err}
 		}
 		restarts = r.restarts
 		a.log.Info().Int("round", r.number).Int("node_rank", r.ranks.GroupRank).Int("nodes", r.ranks.GroupWorldSize).
@@ -147,7 +147,7 @@ func (a *Agent) Run(ctx context.Context) (*Result, error) {
 				return a.stop(m, sig, r.restarts), nil
 			}
 			if err != nil && !errors.Is(err, rendezvous.ErrJobFailed) {
-				return nil, fmt.Errorf("elastic: report the failure: %w", err)
+				return nil, &RendezvousError{fmt.Errorf("elastic: report the failure: %w", err)}
 			}
 			if !restart {
 				return a.jobFailed(ctx, m, r.restarts)
@@ -216,6 +216,14 @@ func (a *Agent) roundChangesWithin(ctx context.Context, m membership, r *round, 
 		}
 	}
 }
+
+// RendezvousError is a failure to join, or stay in, the job's rendezvous:
+// the store, a peer or the job itself was not there, as opposed to a
+// fault of the agent's own or of its workers.
+type RendezvousError struct{ Err error }
+
+func (e *RendezvousError) Error() string { return e.Err.Error() }
+func (e *RendezvousError) Unwrap() error { return e.Err }
 
 // stopError reports that a signal stopped the agent in a step that waits
 // on the rendezvous (during).
@@ -326,7 +334,7 @@ func (a *Agent) jobFailed(ctx context.Context, m membership, restarts int) (*Res
 		return a.stop(m, sig, restarts), nil
 	}
 	if err != nil {
-		return nil, fmt.Errorf("elastic: read the job's failures: %w", err)
+		return nil, &RendezvousError{fmt.Errorf("elastic: read the job's failures: %w", err)}
 	}
 	if len(fs) == 0 {
 		return nil, errors.New("elastic: the job failed without a failure report")
@@ -349,7 +357,7 @@ func (a *Agent) jobFailed(ctx context.Context, m membership, restarts int) (*Res
 func (a *Agent) runRound(ctx context.Context, r *round, attempt int, logs *logRoot) (outcome, error) {
 	master, release, err := a.workerStore(ctx, r)
 	if err != nil {
-		return outcome{}, err
+		return outcome{}, &RendezvousError{err}
 	}
 	defer release()
 	if attempt == 0 {

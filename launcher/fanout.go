@@ -118,22 +118,22 @@ func (f *Fanout) Run(ctx context.Context) (code int, err error) {
 	for i, err := range errs {
 		if err != nil && !errors.Is(err, context.Canceled) {
 			closeAll()
-			return 0, fmt.Errorf("cannot reach host %s: %w", f.Agents[i].Host, err)
+			return 0, &LaunchError{fmt.Errorf("cannot reach host %s: %w", f.Agents[i].Host, err)}
 		}
 	}
 	for i, err := range errs {
 		if err != nil {
 			closeAll()
-			return 0, fmt.Errorf("cannot reach host %s: %w", f.Agents[i].Host, err)
+			return 0, &LaunchError{fmt.Errorf("cannot reach host %s: %w", f.Agents[i].Host, err)}
 		}
 	}
 	defer closeAll()
 	agents, err := f.withEndpoint(ctx, clients)
 	if err != nil {
-		return 0, err
+		return 0, &LaunchError{err}
 	}
 	if agents, err = f.stage(ctx, clients, agents); err != nil {
-		return 0, err
+		return 0, &LaunchError{err}
 	}
 
 	stdout := NewConsole(f.Stdout, ConsoleOptions{})
@@ -300,3 +300,10 @@ func (f *Fanout) stage(ctx context.Context, clients []*SSHClient, agents []Remot
 	}
 	return agents, nil
 }
+
+// LaunchError is a host the head could not start its agent on: not
+// reachable, its key unknown or changed, its address or system unfit.
+type LaunchError struct{ Err error }
+
+func (e *LaunchError) Error() string { return e.Err.Error() }
+func (e *LaunchError) Unwrap() error { return e.Err }

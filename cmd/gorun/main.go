@@ -25,10 +25,19 @@ import (
 )
 
 // Exit statuses of gorun itself; a finished job exits with its root
-// cause's status instead.
+// cause's status instead. gorun's own failures take sysexits.h's codes,
+// which workers seldom use, so that a script can tell them from a
+// worker's status.
 const (
-	exitAgentError = 1
-	exitUsage      = 2
+	exitUsage = 2
+	// exitUnavailable: a host, the store or the job's peers could not be
+	// reached or joined (EX_UNAVAILABLE).
+	exitUnavailable = 69
+	// exitInternal: gorun failed on its own (EX_SOFTWARE).
+	exitInternal = 70
+	// exitResources: the system refused gorun files, memory or processes
+	// (EX_OSERR).
+	exitResources = 71
 	// exitMissingProgram is a shell's status for a command not found.
 	exitMissingProgram = 127
 )
@@ -47,7 +56,7 @@ func main() {
 }
 
 // run is main without the process exit, so that the status is decided in one
-// place: the job's result, 2 for bad usage, 1 when gorun itself failed.
+// place: the job's result, or gorun's own (see failureStatus).
 func run(args []string, stdout, stderr io.Writer) int {
 	status := 0
 	app := newApp(stdout, stderr, &status)
@@ -68,8 +77,25 @@ func run(args []string, stdout, stderr io.Writer) int {
 		return exitUsage
 	default:
 		fmt.Fprintf(stderr, "gorun: %v\n", err)
-		return exitAgentError
+		return failureStatus(err)
 	}
+}
+
+// failureStatus is gorun's status when it failed on its own: out of
+// resources, unable to reach what the job needs, or else internal.
+func failureStatus(err error) int {
+	for _, errno := range []syscall.Errno{syscall.EMFILE, syscall.ENFILE, syscall.ENOMEM, syscall.EAGAIN, syscall.ENOSPC} {
+		if errors.Is(err, errno) {
+			return exitResources
+		}
+	}
+	var ssh *launcher.SSHError
+	var launch *launcher.LaunchError
+	var rdzv *elastic.RendezvousError
+	if errors.As(err, &ssh) || errors.As(err, &launch) || errors.As(err, &rdzv) {
+		return exitUnavailable
+	}
+	return exitInternal
 }
 
 // isFlagError recognises urfave/cli's own parse errors, which it returns as

@@ -2,8 +2,11 @@ package main
 
 import (
 	"errors"
+	"fmt"
+	"os"
 	"slices"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -405,5 +408,24 @@ func TestResolveNamesAMissingProgram(t *testing.T) {
 	var ue usageError
 	if _, err := resolve(newFakeFlags(map[string]string{"pty": "x"}), []string{"gone"}, m); !errors.As(err, &ue) {
 		t.Errorf("usage error and missing program: %v", err)
+	}
+}
+
+// gorun's own failures have statuses of their own, apart from usage (2)
+// and from what workers commonly exit with.
+func TestFailureStatus(t *testing.T) {
+	for _, tc := range []struct {
+		err  error
+		want int
+	}{
+		{fmt.Errorf("launcher: start local rank 3: %w", &os.SyscallError{Syscall: "pipe2", Err: syscall.EMFILE}), exitResources},
+		{fmt.Errorf("fork: %w", syscall.EAGAIN), exitResources},
+		{&launcher.SSHError{Host: "node1", Op: "dial", Err: errors.New("refused")}, exitUnavailable},
+		{fmt.Errorf("head: %w", &elastic.RendezvousError{Err: errors.New("rendezvous: join timeout")}), exitUnavailable},
+		{errors.New("elastic: the job failed without a failure report"), exitInternal},
+	} {
+		if got := failureStatus(tc.err); got != tc.want {
+			t.Errorf("%v: %d, want %d", tc.err, got, tc.want)
+		}
 	}
 }

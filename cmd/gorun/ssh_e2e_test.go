@@ -151,8 +151,8 @@ func TestSSHLaunch(t *testing.T) {
 		h := startHead(t, dir, c.headArgs(t, "--hosts", "127.0.0.1:2,127.0.0.2:2", "--ssh-known-hosts", knownHosts, worker)...)
 		code := h.wait(t, 30*time.Second)
 		out := h.out.String()
-		if code != 1 || !strings.Contains(out, "cannot reach host 127.0.0.2") || !strings.Contains(out, "unknown host key") {
-			t.Fatalf("want exit 1 naming 127.0.0.2 and its unknown key, got %d:\n%s", code, out)
+		if code != exitUnavailable || !strings.Contains(out, "cannot reach host 127.0.0.2") || !strings.Contains(out, "unknown host key") {
+			t.Fatalf("want exit %d naming 127.0.0.2 and its unknown key, got %d:\n%s", exitUnavailable, code, out)
 		}
 		time.Sleep(500 * time.Millisecond)
 		if _, err := os.Stat(worker + ".started"); err == nil {
@@ -189,8 +189,8 @@ func TestSSHLaunch(t *testing.T) {
 		sshtest.WriteFile(t, knownHosts, strings.Join(lines, "\n")+"\n")
 		h = startHead(t, dir, c.headArgs(t, "--hosts", "127.0.0.1:1,127.0.0.2:1", "--ssh-known-hosts", knownHosts, "--ssh-accept-new", worker)...)
 		code := h.wait(t, 30*time.Second)
-		if out := h.out.String(); code != 1 || !strings.Contains(out, "REMOTE HOST KEY CHANGED") || strings.Contains(out, " ran\n") {
-			t.Fatalf("want exit 1 refusing 127.0.0.2's changed key before anything runs, got %d:\n%s", code, out)
+		if out := h.out.String(); code != exitUnavailable || !strings.Contains(out, "REMOTE HOST KEY CHANGED") || strings.Contains(out, " ran\n") {
+			t.Fatalf("want exit %d refusing 127.0.0.2's changed key before anything runs, got %d:\n%s", exitUnavailable, code, out)
 		}
 	})
 
@@ -270,8 +270,8 @@ func TestSSHLaunch(t *testing.T) {
 		h := startHead(t, dir, c.headArgs(t, "--hosts", "127.0.0.1:1,127.0.0.2:1", "-x", "XDG_CACHE_HOME="+filepath.Join(dir, "other"),
 			"-x", "PATH="+fake+":/usr/bin:/bin", "--stage-binary", worker)...)
 		code := h.wait(t, 30*time.Second)
-		if out := h.out.String(); code != 1 || !strings.Contains(out, `the host is "Linux riscv64"`) || strings.Contains(out, "agent ") {
-			t.Fatalf("want exit 1 refusing a riscv64 host, got %d:\n%s", code, out)
+		if out := h.out.String(); code != exitUnavailable || !strings.Contains(out, `the host is "Linux riscv64"`) || strings.Contains(out, "agent ") {
+			t.Fatalf("want exit %d refusing a riscv64 host, got %d:\n%s", exitUnavailable, code, out)
 		}
 	})
 
