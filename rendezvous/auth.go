@@ -37,18 +37,28 @@ import (
 // Nothing is encrypted: the secret keeps other users' stores and clients
 // out, not an attacker on the path.
 
-// Errors of the authentication. A client does not retry them.
+// Errors of the authentication.
 var (
-	// ErrStoreUnproven: the server at the endpoint does not know the
-	// job's secret (another job's or user's store, or torch's own).
-	ErrStoreUnproven = errors.New("rendezvous: the store did not prove that it knows the job's secret: it is not this job's store")
-	// ErrSecretRefused: the store knows a secret, and this client's
-	// proof does not match it.
+	// ErrStoreUnproven: the server at the endpoint did not prove that it
+	// knows this client's secret: another job's or user's store, torch's
+	// own, or a gorun store whose secret is not this client's.
+	ErrStoreUnproven = errors.New("rendezvous: the store did not prove that it knows this agent's secret")
+	// ErrSecretRefused: the store proved it knows the secret, and then
+	// refused this client's proof.
 	ErrSecretRefused = errors.New("rendezvous: the store refused this agent: its secret is not the job's")
 	// ErrSecretRequired: the store requires a secret, and this client
 	// has none.
 	ErrSecretRequired = errors.New("rendezvous: the store requires the job's secret, and this agent has none")
 )
+
+// answerError is the other side's answer, not a failure to reach it:
+// asking again gets the same answer, so a client does not retry it.
+type answerError struct{ err error }
+
+func (e *answerError) Error() string { return e.err.Error() }
+func (e *answerError) Unwrap() error { return e.err }
+
+func answer(err error) error { return &answerError{err} }
 
 // MinSecretLen is the shortest secret NewAuth accepts, in bytes.
 const MinSecretLen = 16
@@ -101,10 +111,10 @@ func (a *Auth) mac(label string, agentNonce, storeNonce []byte) []byte {
 	return m.Sum(nil)
 }
 
-// permanentAuthError reports whether err is the other side's answer, not
-// a failure to reach it: retrying would get the same answer.
+// permanentAuthError reports whether err is the other side's answer.
 func permanentAuthError(err error) bool {
-	return errors.Is(err, ErrStoreUnproven) || errors.Is(err, ErrSecretRefused) || errors.Is(err, ErrSecretRequired)
+	var a *answerError
+	return errors.As(err, &a)
 }
 
 // authenticate runs the agent's side of the handshake on nc, within
@@ -124,36 +134,41 @@ func (a *Auth) authenticate(nc net.Conn, deadline time.Time) error {
 	}
 	reply := make([]byte, len(authBanner)+authNonceLen+authMACLen)
 	n, err := io.ReadFull(nc, reply)
+	banner := n >= len(authBanner) && bytes.Equal(reply[:len(authBanner)], authBanner)
 	switch {
-	case n >= len(authBanner)+1 && bytes.Equal(reply[:len(authBanner)], authBanner) && reply[len(authBanner)] == authRequired:
-		// A gorun store that took the hello for something else.
-		return ErrStoreUnproven
+	case banner && n > len(authBanner) && reply[len(authBanner)] == authRequired:
+		return answer(fmt.Errorf("%w: it took the hello for another protocol", ErrStoreUnproven))
 	case err != nil && n > 0 && !bytes.HasPrefix(authBanner, reply[:min(n, len(authBanner))]):
-		return fmt.Errorf("%w (it answered %q)", ErrStoreUnproven, reply[:min(n, 16)])
+		return answer(fmt.Errorf("%w: it does not authenticate (it answered %q): not a gorun store with a secret", ErrStoreUnproven, reply[:min(n, 16)]))
+	case err != nil && n == 0:
+		// torch's servers, and ours without a secret, hang up on the
+		// hello; so may a store short of connections: retried.
+		return fmt.Errorf("%w: it closed the connection without a word (a store without a secret, or torch's?): %w", ErrStoreUnproven, err)
 	case err != nil:
-		return fmt.Errorf("rendezvous: authenticate: the store said nothing that proves it knows the job's secret: %w", err)
+		return fmt.Errorf("rendezvous: authenticate: %w", err)
 	}
 	storeNonce := reply[len(authBanner) : len(authBanner)+authNonceLen]
 	proof := reply[len(authBanner)+authNonceLen:]
-	want := a.mac(storeLabel, agentNonce, storeNonce)
-	if !bytes.Equal(reply[:len(authBanner)], authBanner) || !hmac.Equal(proof, want) {
-		return ErrStoreUnproven
+	switch {
+	case !banner:
+		return answer(fmt.Errorf("%w: it does not authenticate (it answered %q): not a gorun store with a secret", ErrStoreUnproven, reply[:16]))
+	case !hmac.Equal(proof, a.mac(storeLabel, agentNonce, storeNonce)):
+		return answer(fmt.Errorf("%w: it is a gorun store with another secret: another job's, or this agent's secret is not the job's", ErrStoreUnproven))
 	}
 	if _, err := nc.Write(a.mac(agentLabel, agentNonce, storeNonce)); err != nil {
 		return fmt.Errorf("rendezvous: authenticate: %w", err)
 	}
 	var status [1]byte
 	if _, err := io.ReadFull(nc, status[:]); err != nil {
-		// A store that proved itself hangs up only on a wrong proof.
-		return fmt.Errorf("%w (it closed the connection: %v)", ErrSecretRefused, err)
+		return fmt.Errorf("rendezvous: authenticate: %w", err)
 	}
 	switch status[0] {
 	case authOK:
 		return nil
 	case authRefused:
-		return ErrSecretRefused
+		return answer(ErrSecretRefused)
 	}
-	return fmt.Errorf("%w (status %d)", ErrStoreUnproven, status[0])
+	return answer(fmt.Errorf("%w: status %d", ErrStoreUnproven, status[0]))
 }
 
 // isAuthBanner reports whether the 4 bytes a client read as a PING's echo
@@ -247,11 +262,12 @@ func (c *authConn) accept() error {
 	if hello[0] != authBanner[0] {
 		_, _ = nc.Write(append(bytes.Clone(authBanner), authRequired))
 		c.log.refuse(remote, "refused a connection that did not authenticate (a client without the job's secret)")
-		return fmt.Errorf("rendezvous: %s: %w", remote, errUnauthenticatedPeer)
+		hangUp(nc)
+		return fmt.Errorf("rendezvous: %s: %w: %w", remote, errUnauthenticatedPeer, net.ErrClosed)
 	}
 	if _, err := io.ReadFull(nc, hello[1:]); err != nil || !bytes.Equal(hello[:len(authBanner)], authBanner) {
 		c.log.refuse(remote, "refused a connection with a malformed authentication")
-		return fmt.Errorf("rendezvous: %s: malformed authentication: %w", remote, errUnauthenticatedPeer)
+		return fmt.Errorf("rendezvous: %s: malformed authentication: %w: %w", remote, errUnauthenticatedPeer, net.ErrClosed)
 	}
 	agentNonce := hello[len(authBanner):]
 	storeNonce := make([]byte, authNonceLen)
@@ -262,24 +278,43 @@ func (c *authConn) accept() error {
 	}
 	proof := make([]byte, authMACLen)
 	if _, err := io.ReadFull(nc, proof); err != nil {
-		return fmt.Errorf("rendezvous: %s: authentication cut short: %w", remote, err)
+		// An agent hangs up here when the store's proof is not of its
+		// secret.
+		c.log.refuse(remote, "a client hung up on the store's proof: its secret is not the job's, or it is no agent")
+		return fmt.Errorf("rendezvous: %s: authentication cut short: %w: %w", remote, err, net.ErrClosed)
 	}
 	if !hmac.Equal(proof, c.auth.mac(agentLabel, agentNonce, storeNonce)) {
 		_, _ = nc.Write([]byte{authRefused})
 		c.log.refuse(remote, "refused an agent whose secret is not the job's")
-		return fmt.Errorf("rendezvous: %s: %w", remote, errWrongSecret)
+		hangUp(nc)
+		return fmt.Errorf("rendezvous: %s: %w: %w", remote, errWrongSecret, net.ErrClosed)
 	}
 	_, err := nc.Write([]byte{authOK})
 	return err
 }
 
-// The server's reasons to close a connection that did not authenticate.
+// hangUp ends a refused connection so that the refusal arrives: closing
+// a socket with unread input resets it, and a reset may discard what was
+// written before it. It sends EOF, then reads what the peer still sends,
+// within a second and 64 KiB.
+func hangUp(nc net.Conn) {
+	if cw, ok := nc.(interface{ CloseWrite() error }); ok {
+		_ = cw.CloseWrite()
+	}
+	_ = nc.SetReadDeadline(time.Now().Add(time.Second))
+	_, _ = io.Copy(io.Discard, io.LimitReader(nc, 64<<10))
+}
+
+// The server's reasons to close a connection that did not authenticate;
+// the errors also wrap net.ErrClosed, so that the server logs them at
+// debug only: the refusal was logged, once a minute per address.
 var (
 	errUnauthenticatedPeer = errors.New("rendezvous: refused a client that did not authenticate")
 	errWrongSecret         = errors.New("rendezvous: refused a client whose secret is not the job's")
 )
 
-// refusalLog logs refused connections at warn, once a minute per address,
+// refusalLog logs refused connections at warn, once a minute per address
+// and reason,
 // so that a flood of them cannot flood the log.
 type refusalLog struct {
 	log zerolog.Logger
@@ -299,6 +334,7 @@ func (r *refusalLog) refuse(remote net.Addr, msg string) {
 	if h, _, err := net.SplitHostPort(host); err == nil {
 		host = h
 	}
+	host += "\x00" + msg // once per kind of refusal
 	now := time.Now()
 	r.mu.Lock()
 	last, seen := r.at[host]

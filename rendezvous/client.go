@@ -212,7 +212,7 @@ func (c *Client) ping() error {
 		return err
 	}
 	if echo != nonce && isAuthBanner(echo) {
-		return ErrSecretRequired
+		return answer(ErrSecretRequired)
 	}
 	if echo != nonce {
 		return fmt.Errorf("rendezvous: ping: got %#x back for nonce %#x", echo, nonce)
