@@ -133,13 +133,12 @@ func (a *Auth) authenticate(nc net.Conn, deadline time.Time) error {
 		return fmt.Errorf("rendezvous: authenticate: %w", err)
 	}
 	reply := make([]byte, len(authBanner)+authNonceLen+authMACLen)
-	n, err := io.ReadFull(nc, reply)
-	banner := n >= len(authBanner) && bytes.Equal(reply[:len(authBanner)], authBanner)
+	// The banner first: a server that speaks something else is known by
+	// its first bytes, without waiting for the rest.
+	n, err := io.ReadFull(nc, reply[:len(authBanner)])
 	switch {
-	case banner && n > len(authBanner) && reply[len(authBanner)] == authRequired:
-		return answer(fmt.Errorf("%w: it took the hello for another protocol", ErrStoreUnproven))
-	case err != nil && n > 0 && !bytes.HasPrefix(authBanner, reply[:min(n, len(authBanner))]):
-		return answer(fmt.Errorf("%w: it does not authenticate (it answered %q): not a gorun store with a secret", ErrStoreUnproven, reply[:min(n, 16)]))
+	case n > 0 && !bytes.HasPrefix(authBanner, reply[:n]):
+		return answer(fmt.Errorf("%w: it does not authenticate (it answered %q): not a gorun store with a secret", ErrStoreUnproven, reply[:n]))
 	case err != nil && n == 0:
 		// torch's servers, and ours without a secret, hang up on the
 		// hello; so may a store short of connections: retried.
@@ -147,12 +146,16 @@ func (a *Auth) authenticate(nc net.Conn, deadline time.Time) error {
 	case err != nil:
 		return fmt.Errorf("rendezvous: authenticate: %w", err)
 	}
+	n, err = io.ReadFull(nc, reply[len(authBanner):])
+	switch {
+	case n > 0 && reply[len(authBanner)] == authRequired && err != nil:
+		return answer(fmt.Errorf("%w: it took the hello for another protocol", ErrStoreUnproven))
+	case err != nil:
+		return fmt.Errorf("rendezvous: authenticate: %w", err)
+	}
 	storeNonce := reply[len(authBanner) : len(authBanner)+authNonceLen]
 	proof := reply[len(authBanner)+authNonceLen:]
-	switch {
-	case !banner:
-		return answer(fmt.Errorf("%w: it does not authenticate (it answered %q): not a gorun store with a secret", ErrStoreUnproven, reply[:16]))
-	case !hmac.Equal(proof, a.mac(storeLabel, agentNonce, storeNonce)):
+	if !hmac.Equal(proof, a.mac(storeLabel, agentNonce, storeNonce)) {
 		return answer(fmt.Errorf("%w: it is a gorun store with another secret: another job's, or this agent's secret is not the job's", ErrStoreUnproven))
 	}
 	if _, err := nc.Write(a.mac(agentLabel, agentNonce, storeNonce)); err != nil {

@@ -55,7 +55,7 @@ func OpenEndpoint(ctx context.Context, opts EndpointOptions) (*Endpoint, error) 
 		e, err := hostEndpoint(opts)
 		switch {
 		case err == nil:
-			opts.Logger.Info().Str("endpoint", addr).Msg("hosting the rendezvous store")
+			opts.Logger.Info().Str("endpoint", addr).Bool("secret", opts.Auth != nil).Msg("hosting the rendezvous store")
 			return e, nil
 		case opts.IsHost != nil || !errors.Is(err, syscall.EADDRINUSE):
 			return nil, err
