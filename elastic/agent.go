@@ -401,7 +401,7 @@ func (a *Agent) workerStore(ctx context.Context, r *round) (workerEndpoint, func
 		var port int
 		var err error
 		if a.spec.ShareStore {
-			port, release, err = a.hostWorkerStore(host)
+			port, release, err = a.hostWorkerStore(ctx, host, r)
 		} else {
 			port, err = freePort(host)
 		}
@@ -435,10 +435,14 @@ func (a *Agent) workerStore(ctx context.Context, r *round) (workerEndpoint, func
 	return workerEndpoint{host: host, port: port, agentStore: a.spec.ShareStore}, release, nil
 }
 
-// hostWorkerStore serves a new store on an ephemeral port of host.
-func (a *Agent) hostWorkerStore(host string) (int, func(), error) {
+// hostWorkerStore serves a new store on an ephemeral port of host, to
+// the round's nodes and this machine only (workersListener).
+func (a *Agent) hostWorkerStore(ctx context.Context, host string, r *round) (int, func(), error) {
 	l, err := net.Listen("tcp", net.JoinHostPort(host, "0"))
 	if err != nil {
+		return 0, nil, err
+	}
+	if l, err = a.workersListener(ctx, l, r); err != nil {
 		return 0, nil, err
 	}
 	srv := rendezvous.NewServer(rendezvous.ServerOptions{Logger: a.log})

@@ -55,6 +55,10 @@ type round struct {
 	// changed is closed when the round is superseded; reason says why.
 	changed <-chan struct{}
 	reason  func() string
+	// members reads the round's nodes, whose addresses alone (and this
+	// machine's) may reach a workers' store this node hosts; nil when the
+	// rendezvous names none.
+	members func(ctx context.Context) ([]rendezvous.NodeInfo, error)
 }
 
 type endpoint struct {
@@ -210,6 +214,7 @@ func (m *dynamicMembership) next(ctx context.Context) (*round, error) {
 		},
 		storeHost: rd.StoreHost,
 		changed:   ri.Changed(), reason: ri.Reason,
+		members: m.d.Nodes,
 	}, nil
 }
 

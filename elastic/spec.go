@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/gorun/gorun/launcher"
+	"github.com/gorun/gorun/rendezvous"
 )
 
 // Spec is everything the agent needs to run one job on this node. The CLI
@@ -135,6 +136,12 @@ type DynamicSpec struct {
 	// FailureGrace is how long a worker failure waits for news of a lost
 	// node before it spends a restart.
 	FailureGrace time.Duration
+	// TokenFile names the file of the job's rendezvous secret
+	// (--rdzv-conf token_file).
+	TokenFile string
+	// Auth is the job's rendezvous secret, shared by its agents; nil
+	// leaves the store open, as torch's.
+	Auth *rendezvous.Auth
 }
 
 // Validate reports the first inconsistency in s, in the words of the flag

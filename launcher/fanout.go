@@ -29,6 +29,10 @@ type RemoteAgent struct {
 	// that Run sets to the job's rendezvous endpoint (see Fanout.Endpoint)
 	// once every host is connected.
 	EndpointArg int
+	// Stdin is written to the agent's stdin before anything else (the
+	// job's secret: no argv or environment of any process shows it); the
+	// pipe then stays open, as the stdin contract of SSHProcess says.
+	Stdin []byte
 }
 
 // Fanout is the head of a multi-node job: it starts one remote agent per
@@ -152,6 +156,12 @@ func (f *Fanout) Run(ctx context.Context) (code int, err error) {
 		out, errOut := stdout.Writer(""), &reportFilter{w: stderr.Writer(""), seen: reports}
 		writers = append(writers, out, errOut)
 		p, err := clients[i].Start(runCtx, f.Dir, a.Env, a.Argv, out, errOut)
+		if err == nil && len(a.Stdin) > 0 {
+			if _, err = p.stdin.Write(a.Stdin); err != nil {
+				p.Close()
+				p.Wait()
+			}
+		}
 		if err != nil {
 			for _, p := range procs[:i] {
 				p.Close()

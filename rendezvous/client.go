@@ -37,6 +37,10 @@ type ClientOptions struct {
 	// WorldSize, when positive, makes Dial count this client in the
 	// "init/" key (ADD +1), as torch's TCPStore does when given one.
 	WorldSize int
+	// Auth, when set, authenticates every connection before its first
+	// request: the server must prove that it knows the secret, and this
+	// client then proves it too (see Auth). Such a server is gorun's.
+	Auth *Auth
 }
 
 // Client is a Store served by a TCPStore server: ours, or torch's own.
@@ -118,6 +122,10 @@ func (c *Client) connect(ctx context.Context) error {
 		if err == nil {
 			return nil
 		}
+		if permanentAuthError(err) {
+			// The server answered; asking again gets the same answer.
+			return fmt.Errorf("rendezvous: connect to %s: %w", c.addr, err)
+		}
 		if ctx.Err() == nil {
 			timer := time.NewTimer(pause)
 			select {
@@ -153,7 +161,7 @@ func (c *Client) tryConnect(ctx context.Context) error {
 	case err == nil:
 		c.dialect = DialectV2
 		return nil
-	case ctx.Err() != nil:
+	case ctx.Err() != nil, errors.Is(err, ErrSecretRequired):
 		return err
 	}
 	c.dialect = Dialect113
@@ -166,6 +174,13 @@ func (c *Client) dial(ctx context.Context) error {
 	nc, err := d.DialContext(ctx, "tcp", c.addr)
 	if err != nil {
 		return err
+	}
+	if c.opts.Auth != nil {
+		deadline, _ := ctx.Deadline()
+		if err := c.opts.Auth.authenticate(nc, deadline); err != nil {
+			nc.Close()
+			return err
+		}
 	}
 	c.conn = nc
 	c.r.r.Reset(flushingReader{flush: c.w.w.Flush, r: nc})
@@ -195,6 +210,9 @@ func (c *Client) ping() error {
 	echo := c.r.readU32()
 	if err := c.r.takeErr(); err != nil {
 		return err
+	}
+	if echo != nonce && isAuthBanner(echo) {
+		return answer(ErrSecretRequired)
 	}
 	if echo != nonce {
 		return fmt.Errorf("rendezvous: ping: got %#x back for nonce %#x", echo, nonce)

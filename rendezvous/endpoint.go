@@ -28,7 +28,12 @@ type EndpointOptions struct {
 	IsHost *bool
 	// Timeout bounds connecting, retries included.
 	Timeout time.Duration
-	Logger  zerolog.Logger
+	// Auth, when set, is the job's secret: a store this agent hosts
+	// serves only clients that prove they know it, and a store it joins
+	// must prove it knows it before the agent sends it anything. Without
+	// it, as torch's, anyone who reaches the port may use the store.
+	Auth   *Auth
+	Logger zerolog.Logger
 }
 
 // Endpoint is a job's rendezvous store as one agent sees it: served by
@@ -50,7 +55,7 @@ func OpenEndpoint(ctx context.Context, opts EndpointOptions) (*Endpoint, error) 
 		e, err := hostEndpoint(opts)
 		switch {
 		case err == nil:
-			opts.Logger.Info().Str("endpoint", addr).Msg("hosting the rendezvous store")
+			opts.Logger.Info().Str("endpoint", addr).Bool("secret", opts.Auth != nil).Msg("hosting the rendezvous store")
 			return e, nil
 		case opts.IsHost != nil || !errors.Is(err, syscall.EADDRINUSE):
 			return nil, err
@@ -58,7 +63,7 @@ func OpenEndpoint(ctx context.Context, opts EndpointOptions) (*Endpoint, error) 
 		opts.Logger.Info().Str("endpoint", addr).Msg("another agent on this machine hosts the rendezvous store; joining it")
 	}
 	dial := func() (*Client, error) {
-		c, err := Dial(ctx, addr, ClientOptions{Timeout: opts.Timeout})
+		c, err := Dial(ctx, addr, ClientOptions{Timeout: opts.Timeout, Auth: opts.Auth})
 		if err != nil {
 			return nil, fmt.Errorf("rendezvous: join the store at %s: %w", addr, err)
 		}
@@ -85,6 +90,11 @@ func hostEndpoint(opts EndpointOptions) (*Endpoint, error) {
 	l, err := net.Listen("tcp", bind)
 	if err != nil {
 		return nil, fmt.Errorf("rendezvous: host the store on %s: %w", bind, err)
+	}
+	if opts.Auth != nil {
+		l = opts.Auth.Listener(l, AuthListenerOptions{Logger: opts.Logger})
+	} else {
+		warnOpenStore(opts.Logger, l.Addr())
 	}
 	srv := NewServer(ServerOptions{Logger: opts.Logger})
 	go srv.Serve(l)

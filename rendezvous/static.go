@@ -80,6 +80,7 @@ func (s *Static) connect(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("rendezvous: host the store on %s: %w", bind, err)
 	}
+	warnOpenStore(o.Logger, l.Addr())
 	s.server = NewServer(ServerOptions{Logger: o.Logger})
 	go func() {
 		if err := s.server.Serve(l); err != nil && !errors.Is(err, ErrServerClosed) {

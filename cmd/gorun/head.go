@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -43,6 +44,7 @@ func headFlags() []cli.Flag {
 		stringSliceFlag("ssh-identity", "private key to log in with; repeatable"),
 		stringFlag("ssh-known-hosts", "", "known_hosts file (default: ssh_config's UserKnownHostsFile, then ~/.ssh/known_hosts)"),
 		hiddenBoolFlag("exit-on-stdin-eof", "stop the job (as on SIGTERM) when stdin reaches EOF: set on remote agents"),
+		hiddenBoolFlag(tokenStdinFlag, "read the rendezvous secret from the first line of stdin: set on remote agents"),
 	}
 }
 
@@ -57,8 +59,9 @@ type headPlan struct {
 }
 
 // planHead turns the command line into the head's plan, with a usageError
-// for anything malformed. spec is the already-validated agent spec.
-func planHead(c *cli.Context, spec elastic.Spec, log zerolog.Logger, stdout, stderr io.Writer) (*headPlan, error) {
+// for anything malformed. spec is the already-validated agent spec; secret
+// is the job's rendezvous secret, or "" for a fresh one.
+func planHead(c *cli.Context, spec elastic.Spec, secret string, log zerolog.Logger, stdout, stderr io.Writer) (*headPlan, error) {
 	var errs []error
 	fail := func(err error) { errs = append(errs, err) }
 	for _, name := range []string{"nnodes", "node-rank", "standalone", "master-addr", "master-port"} {
@@ -98,6 +101,18 @@ func planHead(c *cli.Context, spec elastic.Spec, log zerolog.Logger, stdout, std
 	env, err := forwardedEnv(c.StringSlice("x"), envFileName, log)
 	if err != nil {
 		fail(err)
+	}
+	// env(1) would show the secret in the remote argv: it goes on stdin.
+	env = slices.DeleteFunc(env, func(kv string) bool {
+		if strings.HasPrefix(kv, rdzvTokenEnv+"=") {
+			log.Warn().Msgf("%s is not forwarded: the head passes the job's secret over each SSH session", rdzvTokenEnv)
+			return true
+		}
+		return false
+	})
+	if secret == "" {
+		// Agents of one launch share a secret of its own.
+		secret = rendezvous.NewSecret()
 	}
 
 	remoteGorun := c.String("remote-gorun")
@@ -177,7 +192,7 @@ func planHead(c *cli.Context, spec elastic.Spec, log zerolog.Logger, stdout, std
 			"--max-restarts", c.String("max-restarts"),
 			"--log-line-prefix-template", prefix)
 		argv = append(argv, passed...)
-		argv = append(argv, "--exit-on-stdin-eof", "--")
+		argv = append(argv, "--exit-on-stdin-eof", "--"+tokenStdinFlag, "--")
 		argv = append(argv, program...)
 		hostEnv := env
 		if h.GPUs != nil {
@@ -187,7 +202,7 @@ func planHead(c *cli.Context, spec elastic.Spec, log zerolog.Logger, stdout, std
 			}
 			hostEnv = append(append([]string(nil), env...), "CUDA_VISIBLE_DEVICES="+strings.Join(ids, ","))
 		}
-		agents[i] = launcher.RemoteAgent{Host: h.Name, Argv: argv, Env: hostEnv, EndpointArg: endpointArg}
+		agents[i] = launcher.RemoteAgent{Host: h.Name, Argv: argv, Env: hostEnv, EndpointArg: endpointArg, Stdin: []byte(secret + "\n")}
 	}
 	sshCfg := launcher.SSHConfig{
 		IdentityFiles: c.StringSlice("ssh-identity"),

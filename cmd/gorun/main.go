@@ -164,8 +164,12 @@ func newApp(stdout, stderr io.Writer, status *int) *cli.App {
 			if err != nil {
 				return err
 			}
+			secret, err := rdzvSecret(c, &spec, os.Stdin, os.LookupEnv, func(msg string) { log.Warn().Msg(msg) })
+			if err != nil {
+				return err
+			}
 			if headMode(c) {
-				plan, err := planHead(c, spec, log, stdout, stderr)
+				plan, err := planHead(c, spec, secret, log, stdout, stderr)
 				if err != nil {
 					return err
 				}
@@ -292,7 +296,7 @@ func newRendezvous(ctx context.Context, spec *elastic.Spec, log zerolog.Logger) 
 func newDynamic(ctx context.Context, spec *elastic.Spec, log zerolog.Logger) (rendezvous.Handler, func(jobOver bool), error) {
 	d := spec.Dynamic
 	ep, err := rendezvous.OpenEndpoint(ctx, rendezvous.EndpointOptions{
-		Host: d.Host, Port: d.Port, IsHost: d.IsHost, Timeout: d.ReadTimeout, Logger: log,
+		Host: d.Host, Port: d.Port, IsHost: d.IsHost, Timeout: d.ReadTimeout, Auth: d.Auth, Logger: log,
 	})
 	if err != nil {
 		return nil, nil, err

@@ -626,6 +626,8 @@ func (c *rdzvConf) dynamic(endpoint string) elastic.DynamicSpec {
 	}
 	// torch 2.x picks its store's server; gorun serves its own.
 	c.take("use_libuv")
+	// gorun's own: the file of the job's secret (main reads it).
+	d.TokenFile, _ = c.take("token_file")
 	return d
 }
 
@@ -633,7 +635,7 @@ func (c *rdzvConf) dynamic(endpoint string) elastic.DynamicSpec {
 var c10dKeys = []string{
 	"join_timeout", "last_call_timeout", "close_timeout", "read_timeout", "is_host", "store_type", "use_libuv",
 	"keep_alive_interval", "keep_alive_max_attempt", "heartbeat_timeout",
-	"heartbeat_interval", "heartbeat_misses", "failure_grace",
+	"heartbeat_interval", "heartbeat_misses", "failure_grace", "token_file",
 }
 
 // rest names the keys no part took: a key of another backend has no
