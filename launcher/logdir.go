@@ -161,7 +161,7 @@ func (d *LogDir) Create(name string) (*os.File, error) {
 
 // Mkfifo makes the named pipe name in d (mode 0600), replacing a named
 // pipe already there; any other file there is refused rather than
-// removed. It returns the pipe opened for reading and writing.
+// removed. It returns the pipe opened for reading and writing, pollable.
 func (d *LogDir) Mkfifo(name string) (*os.File, error) {
 	if err := checkName(name); err != nil {
 		return nil, err
@@ -181,7 +181,9 @@ func (d *LogDir) Mkfifo(name string) (*os.File, error) {
 	if err := unix.Mkfifoat(d.fd, name, 0o600); err != nil {
 		return nil, fmt.Errorf("launcher: make %s: %w", path, err)
 	}
-	fd, err := unix.Openat(d.fd, name, unix.O_RDWR|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	// Non-blocking, so that os.NewFile makes it pollable and closing it
+	// ends a read in progress.
+	fd, err := unix.Openat(d.fd, name, unix.O_RDWR|unix.O_NOFOLLOW|unix.O_NONBLOCK|unix.O_CLOEXEC, 0)
 	if err != nil {
 		unix.Unlinkat(d.fd, name, 0)
 		return nil, fmt.Errorf("launcher: open %s: %w", path, err)

@@ -5,6 +5,7 @@ import (
 	"os"
 	"path/filepath"
 	"testing"
+	"time"
 )
 
 // A link planted at any component gorun makes or resets is refused or
@@ -160,5 +161,32 @@ func TestRemoveTreeRemovesLinksNotTargets(t *testing.T) {
 	}
 	if _, err := os.Stat(filepath.Join(outside, "f")); err != nil {
 		t.Errorf("the link's target lost its file: %v", err)
+	}
+}
+
+// The watchdog's pipe is pollable: closing it ends a read in progress.
+func TestLogDirMkfifoCloseEndsARead(t *testing.T) {
+	d, err := OpenLogDir(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Close()
+	f, err := d.Mkfifo("pipe")
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error)
+	go func() {
+		_, err := f.Read(make([]byte, 1))
+		done <- err
+	}()
+	f.Close()
+	select {
+	case err := <-done:
+		if err == nil {
+			t.Error("a read of a closed, empty pipe returned no error")
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("closing the pipe did not end the read")
 	}
 }
