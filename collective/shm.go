@@ -17,6 +17,7 @@ import (
 
 	"github.com/rs/zerolog"
 
+	"github.com/gorun/gorun/internal/shmname"
 	"github.com/gorun/gorun/rendezvous"
 )
 
@@ -29,8 +30,8 @@ import (
 // once and out once instead of crossing two socket buffers, with no
 // system call while the ranks keep pace (see shmwait.go for waiting).
 //
-// The segments are files in /dev/shm named at random; ranks publish the
-// names through the store, map each other's, agree that every rank
+// The segments are files in /dev/shm named after their creator and at
+// random (internal/shmname); ranks publish the names through the store, map each other's, agree that every rank
 // managed to, and unlink their own file at once: from then on only the
 // mappings hold the memory, and an exit or a crash frees it.
 //
@@ -203,10 +204,11 @@ func setupShm(ctx context.Context, store rendezvous.Store, members []int, me, sl
 	}
 	name := "-"
 	if want {
-		var b [8]byte
-		rand.Read(b[:])
-		n := fmt.Sprintf("gorun-collective-%s-%d", hex.EncodeToString(b[:]), members[rank])
-		if segs[rank], err = createSegment(n, shmSegmentSize(slot, size)); err == nil {
+		n, err := newSegmentName(members[rank])
+		if err == nil {
+			segs[rank], err = createSegment(n, shmSegmentSize(slot, size))
+		}
+		if err == nil {
 			name = n
 		} else {
 			log.Debug().Err(err).Msg("no shared memory; same-host peers use sockets")
@@ -243,6 +245,12 @@ func setupShm(ctx context.Context, store rendezvous.Store, members []int, me, sl
 			return nil, nil
 		}
 		pid, _ := strconv.Atoi(f[0])
+		if !validSegmentName(f[2], pid) {
+			// Every member reads the same values and gives up alike.
+			log.Warn().Int("peer", peer).Str("name", f[2]).Msg("a peer published a shared-memory name gorun does not make; using sockets")
+			unmapAll()
+			return nil, nil
+		}
 		addr, _ := strconv.ParseUint(f[1], 16, 64)
 		names[peer], pids[peer], addrs[peer], inProcess[peer] = f[2], pid, uintptr(addr), f[0] == self
 	}
@@ -285,6 +293,29 @@ func setupShm(ctx context.Context, store rendezvous.Store, members []int, me, sl
 		s.regions[i] = newShmRegion(seg.mem, slot, size)
 	}
 	return s, nil
+}
+
+// newSegmentName names the segment of world rank rank: its creator, this
+// process, is in the name, so that a segment left behind by a process
+// killed before it could unlink it is swept once the process is gone
+// (shmname.Sweep).
+func newSegmentName(rank int) (string, error) {
+	c, err := shmname.Self()
+	if err != nil {
+		return "", fmt.Errorf("collective: name shared memory: %w", err)
+	}
+	var b [8]byte
+	rand.Read(b[:])
+	return shmname.Name{Creator: c, Random: hex.EncodeToString(b[:]), Rank: rank}.String(), nil
+}
+
+// validSegmentName accepts a peer's segment name read from the store
+// only in exactly the form newSegmentName makes, created by pid, the
+// process that published it: anything else could name a file outside
+// the shared-memory folder ("../../tmp/x") or another job's segment.
+func validSegmentName(name string, pid int) bool {
+	n, ok := shmname.Parse(name)
+	return ok && n.Pid == pid
 }
 
 // canReachPeers reports whether this rank can read and write every peer's

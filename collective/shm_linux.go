@@ -24,7 +24,7 @@ type segment struct {
 // truncated file would kill the process with SIGBUS later, mid-collective.
 func createSegment(name string, size int) (*segment, error) {
 	path := filepath.Join(shmDir, name)
-	fd, err := unix.Open(path, unix.O_RDWR|unix.O_CREAT|unix.O_EXCL|unix.O_CLOEXEC, 0o600)
+	fd, err := unix.Open(path, unix.O_RDWR|unix.O_CREAT|unix.O_EXCL|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o600)
 	if err != nil {
 		return nil, fmt.Errorf("collective: create shared memory %s: %w", path, err)
 	}
@@ -44,7 +44,9 @@ func createSegment(name string, size int) (*segment, error) {
 // openSegment maps a peer's segment, which must be size bytes.
 func openSegment(name string, size int) (*segment, error) {
 	path := filepath.Join(shmDir, name)
-	fd, err := unix.Open(path, unix.O_RDWR|unix.O_CLOEXEC, 0)
+	// Never through a link, and only a plain file of this user: the name
+	// came from the store.
+	fd, err := unix.Open(path, unix.O_RDWR|unix.O_NOFOLLOW|unix.O_NONBLOCK|unix.O_CLOEXEC, 0)
 	if err != nil {
 		return nil, fmt.Errorf("collective: open shared memory %s: %w", path, err)
 	}
@@ -52,6 +54,9 @@ func openSegment(name string, size int) (*segment, error) {
 	var st unix.Stat_t
 	if err := unix.Fstat(fd, &st); err != nil {
 		return nil, fmt.Errorf("collective: stat %s: %w", path, err)
+	}
+	if st.Mode&unix.S_IFMT != unix.S_IFREG || int(st.Uid) != os.Geteuid() {
+		return nil, fmt.Errorf("collective: shared memory %s is not a plain file of this user", path)
 	}
 	if st.Size != int64(size) {
 		return nil, fmt.Errorf("collective: shared memory %s has %d bytes, want %d", path, st.Size, size)

@@ -81,7 +81,7 @@ func (a *Agent) Run(ctx context.Context) (*Result, error) {
 	}
 	m := a.membership(h)
 	defer m.close()
-	logs, err := newLogRoot(a.spec)
+	logs, err := newLogRoot(a.spec, a.opts.Keeper)
 	if err != nil {
 		return nil, err
 	}

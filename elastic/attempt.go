@@ -2,7 +2,6 @@ package elastic
 
 import (
 	"bytes"
-	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -12,6 +11,7 @@ import (
 
 	"github.com/rs/zerolog"
 
+	"github.com/gorun/gorun/internal/shmname"
 	"github.com/gorun/gorun/launcher"
 )
 
@@ -48,19 +48,39 @@ func (a *Agent) startAttempt(rk ranks, restart, number int, master workerEndpoin
 		att.firstLocalRank, localWorldSize = p.LocalRank, p.LocalWorldSize
 		groupRank, groupWorldSize = p.NodeRank, p.NNodes
 	}
+	// Workers of an earlier start (or job) killed while setting up
+	// shared memory leave their segments behind; their creators are
+	// gone by now.
+	if removed, err := shmname.Sweep(launcher.ShmDir); err != nil {
+		a.log.Debug().Err(err).Msg("sweeping shared memory left behind")
+	} else if len(removed) > 0 {
+		a.log.Info().Strs("segments", removed).Msg("removed shared memory left by dead workers")
+	}
 	base := s.Env
+	// The attempt's folder, <log-dir>/<run-id>/attempt_<number>, holds
+	// the workers' folders, the duplicates' files and the watchdog's pipe.
+	attDir, err := logs.root.MkdirAll(filepath.Join(s.RunID, "attempt_"+strconv.Itoa(number)))
+	if err != nil {
+		return nil, fmt.Errorf("elastic: log folder of attempt %d: %w", number, err)
+	}
+	defer attDir.Close()
 	if s.FileTimer {
-		p, err := openTimerPipe(a.timerFile(logs, number), a.log)
+		var p *timerPipe
+		if s.TimerFile != "" {
+			p, err = openTimerPipe(s.TimerFile, a.log)
+		} else {
+			p, err = openTimerPipeIn(attDir, timerFileName, a.log)
+		}
 		if err != nil {
 			return nil, err
 		}
 		att.timerPipe, att.closers = p, append(att.closers, p)
 		base = append(slices.Clip(s.Env), timerFileEnv+"="+p.path)
 	}
-	dupOut, err := att.duplicates(s.DuplicateStdout, logs, s.RunID, number, "filtered_stdout.log")
+	dupOut, err := att.duplicates(s.DuplicateStdout, attDir, "filtered_stdout.log")
 	var dupErr *launcher.Console
 	if err == nil {
-		dupErr, err = att.duplicates(s.DuplicateStderr, logs, s.RunID, number, "filtered_stderr.log")
+		dupErr, err = att.duplicates(s.DuplicateStderr, attDir, "filtered_stderr.log")
 	}
 	if err != nil {
 		att.closeOutput()
@@ -73,11 +93,15 @@ func (a *Agent) startAttempt(rk ranks, restart, number int, master workerEndpoin
 	// where its output goes (--redirects, --tee, --local-ranks-filter).
 	for slot := range specs {
 		rank, lr := rk.BaseRank+slot, att.firstLocalRank+slot
-		dir, outPath, errPath, errorFile := launcher.LogPaths(logs.dir, s.RunID, number, lr)
-		if err := resetDir(dir); err != nil {
+		dir, _, _, errorFile := launcher.LogPaths(logs.dir, s.RunID, number, lr)
+		// Emptied as torchrun does, and made by gorun, 0700, for the
+		// worker's error file (TORCHELASTIC_ERROR_FILE) as for its logs.
+		rankDir, err := attDir.Reset(strconv.Itoa(lr))
+		if err != nil {
 			att.closeOutput()
 			return nil, fmt.Errorf("elastic: log folder of local rank %d: %w", lr, err)
 		}
+		att.closers = append(att.closers, rankDir)
 		att.errorFiles[slot] = errorFile
 		env := launcher.Env{
 			Base:      base,
@@ -98,7 +122,7 @@ func (a *Agent) startAttempt(rk ranks, restart, number int, master workerEndpoin
 			},
 		}
 		if s.HangTimeout > 0 {
-			p, err := createProgressFile(dir, slot, rank)
+			p, err := createProgressFile(rankDir, slot, rank)
 			if err != nil {
 				att.closeOutput()
 				return nil, err
@@ -111,10 +135,10 @@ func (a *Agent) startAttempt(rk ranks, restart, number int, master workerEndpoin
 			return nil, fmt.Errorf("elastic: environment of local rank %d: %w", lr, err)
 		}
 		prefix := launcher.FormatPrefix(s.PrefixTemplate, s.Role, rank, lr, s.Host)
-		outW, err := att.sink(a.sinkFor(lr, true, logs), stdout, dupOut, prefix, outPath)
+		outW, err := att.sink(a.sinkFor(lr, true, logs), stdout, dupOut, prefix, rankDir, "stdout.log")
 		var errW io.Writer
 		if err == nil {
-			errW, err = att.sink(a.sinkFor(lr, false, logs), stderr, dupErr, prefix, errPath)
+			errW, err = att.sink(a.sinkFor(lr, false, logs), stderr, dupErr, prefix, rankDir, "stderr.log")
 		}
 		if err != nil {
 			att.closeOutput()
@@ -170,7 +194,7 @@ func (a *Agent) sinkFor(localRank int, stdout bool, logs *logRoot) destination {
 // sink opens the writer for one stream: the console's prefixed line writer,
 // the log file, both, or nothing; and the duplicates' writer when the
 // stream is tee'd and duplicates is set.
-func (att *attempt) sink(d destination, console, duplicates *launcher.Console, prefix, path string) (io.Writer, error) {
+func (att *attempt) sink(d destination, console, duplicates *launcher.Console, prefix string, dir *launcher.LogDir, name string) (io.Writer, error) {
 	var ws []io.Writer
 	if d.console {
 		w := console.Writer(prefix)
@@ -183,7 +207,7 @@ func (att *attempt) sink(d destination, console, duplicates *launcher.Console, p
 		ws = append(ws, w)
 	}
 	if d.file {
-		f, err := os.Create(path)
+		f, err := dir.Create(name)
 		if err != nil {
 			return nil, err
 		}
@@ -202,16 +226,11 @@ func (att *attempt) sink(d destination, console, duplicates *launcher.Console, p
 // duplicates opens the attempt's file of the lines that contain any of
 // filters, as torchrun's --duplicate-*-filters: a console of every local
 // rank's tee'd stream, prefixed as on the console. It is nil without filters.
-func (att *attempt) duplicates(filters []string, logs *logRoot, runID string, number int, name string) (*launcher.Console, error) {
+func (att *attempt) duplicates(filters []string, dir *launcher.LogDir, name string) (*launcher.Console, error) {
 	if len(filters) == 0 {
 		return nil, nil
 	}
-	dir, _, _, _ := launcher.LogPaths(logs.dir, runID, number, 0)
-	dir = filepath.Dir(dir)
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		return nil, fmt.Errorf("elastic: %s: %w", name, err)
-	}
-	f, err := os.Create(filepath.Join(dir, name))
+	f, err := dir.Create(name)
 	if err != nil {
 		return nil, fmt.Errorf("elastic: %s: %w", name, err)
 	}
@@ -252,53 +271,53 @@ func (att *attempt) failure(e launcher.Exit, host string) Failure {
 // logRoot is the folder that receives per-rank logs and error files.
 type logRoot struct {
 	dir string
+	// root is dir, open: everything under it is made through it, never
+	// following a link (launcher.LogDir).
+	root *launcher.LogDir
 	// keepAll is set when the user chose the folder: every stream is kept.
 	keepAll bool
 	// temporary folders hold only error files unless a stream is redirected.
 	temporary bool
 }
 
-func newLogRoot(s Spec) (*logRoot, error) {
+// newLogRoot opens --log-dir, or makes the job's private temporary
+// folder, which keeper removes if the agent dies without doing so.
+func newLogRoot(s Spec, keeper *launcher.Keeper) (*logRoot, error) {
 	if s.LogDir != "" {
-		if err := os.MkdirAll(s.LogDir, 0o755); err != nil {
+		root, err := launcher.OpenLogDir(s.LogDir)
+		if err != nil {
 			return nil, fmt.Errorf("elastic: --log-dir: %w", err)
 		}
-		return &logRoot{dir: s.LogDir, keepAll: true}, nil
+		return &logRoot{dir: s.LogDir, root: root, keepAll: true}, nil
 	}
+	// MkdirTemp makes a new folder, 0700, of a name no one could plant.
 	dir, err := os.MkdirTemp("", "gorun-"+filepath.Base(s.RunID)+"-")
 	if err != nil {
 		return nil, fmt.Errorf("elastic: log folder: %w", err)
 	}
-	return &logRoot{dir: dir, temporary: true}, nil
+	if err := keeper.RemoveOnExit(dir); err != nil {
+		launcher.RemoveTree(dir)
+		return nil, err
+	}
+	root, err := launcher.OpenLogDir(dir)
+	if err != nil {
+		launcher.RemoveTree(dir)
+		return nil, fmt.Errorf("elastic: log folder: %w", err)
+	}
+	return &logRoot{dir: dir, root: root, temporary: true}, nil
 }
 
 // cleanup removes a temporary folder unless a stream was sent to it.
 func (l *logRoot) cleanup(log zerolog.Logger) {
+	l.root.Close()
 	if !l.temporary {
 		return
 	}
-	if hasLogFiles(l.dir) {
+	if launcher.HasLogFiles(l.dir) {
 		log.Info().Str("log_dir", l.dir).Msg("worker logs kept")
 		return
 	}
-	os.RemoveAll(l.dir)
-}
-
-func hasLogFiles(dir string) bool {
-	found := errors.New("found")
-	err := filepath.WalkDir(dir, func(path string, d os.DirEntry, err error) error {
-		if err == nil && !d.IsDir() && filepath.Ext(path) == ".log" {
-			return found
-		}
-		return nil
-	})
-	return err == found
-}
-
-// resetDir empties dir, as torchrun wipes an attempt folder it reuses.
-func resetDir(dir string) error {
-	if err := os.RemoveAll(dir); err != nil {
-		return err
+	if err := launcher.RemoveTree(l.dir); err != nil {
+		log.Warn().Err(err).Msg("temporary folder left behind")
 	}
-	return os.MkdirAll(dir, 0o755)
 }

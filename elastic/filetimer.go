@@ -11,7 +11,6 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
-	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -242,6 +241,28 @@ func openTimerPipe(path string, log zerolog.Logger) (*timerPipe, error) {
 		os.Remove(path)
 		return nil, fmt.Errorf("elastic: %s: open %s: %w", timerFileEnv, path, err)
 	}
+	return newTimerPipe(path, f, log), nil
+}
+
+// openTimerPipeIn makes the named pipe name in the attempt's folder dir,
+// through the folder's descriptor (launcher.LogDir.Mkfifo: never through
+// a link), and starts reading it, as openTimerPipe does.
+func openTimerPipeIn(dir *launcher.LogDir, name string, log zerolog.Logger) (*timerPipe, error) {
+	f, err := dir.Mkfifo(name)
+	if err != nil {
+		return nil, fmt.Errorf("elastic: %s: %w", timerFileEnv, err)
+	}
+	path, err := filepath.Abs(f.Name())
+	if err != nil {
+		f.Close()
+		return nil, fmt.Errorf("elastic: %s: %w", timerFileEnv, err)
+	}
+	return newTimerPipe(path, f, log), nil
+}
+
+// newTimerPipe starts reading f, the pipe at path, opened for reading
+// and writing.
+func newTimerPipe(path string, f *os.File, log zerolog.Logger) *timerPipe {
 	p := &timerPipe{
 		path:     path,
 		f:        f,
@@ -250,7 +271,7 @@ func openTimerPipe(path string, log zerolog.Logger) (*timerPipe, error) {
 		exited:   make(chan struct{}),
 	}
 	go p.read(&complaints{log: log})
-	return p, nil
+	return p
 }
 
 // read sends every request line on p.requests until the pipe is closed.
@@ -369,16 +390,6 @@ func newFileTimer(pipe *timerPipe, pids []int, base int, now func() time.Time, s
 		t.slots[pid] = workerSlot{slot: slot, rank: base + slot}
 	}
 	return t
-}
-
-// timerFile is where the watchdog's pipe of attempt number goes: the
-// user's TORCHELASTIC_TIMER_FILE, else the attempt's log folder, which is
-// the agent's own.
-func (a *Agent) timerFile(logs *logRoot, number int) string {
-	if a.spec.TimerFile != "" {
-		return a.spec.TimerFile
-	}
-	return filepath.Join(logs.dir, a.spec.RunID, "attempt_"+strconv.Itoa(number), timerFileName)
 }
 
 // startFileTimer serves the watchdog for att when it has a pipe.

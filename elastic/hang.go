@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"path/filepath"
 	"slices"
 	"syscall"
 	"time"
@@ -60,12 +59,16 @@ type progressFile struct {
 
 // createProgressFile makes the zeroed counter of a worker in its log
 // folder dir.
-func createProgressFile(dir string, localRank, rank int) (progressFile, error) {
-	path := filepath.Join(dir, progressFileName)
-	if err := os.WriteFile(path, make([]byte, 8), 0o644); err != nil {
+func createProgressFile(dir *launcher.LogDir, localRank, rank int) (progressFile, error) {
+	f, err := dir.Create(progressFileName)
+	if err == nil {
+		_, err = f.Write(make([]byte, 8))
+		err = errors.Join(err, f.Close())
+	}
+	if err != nil {
 		return progressFile{}, fmt.Errorf("elastic: progress file of local rank %d: %w", localRank, err)
 	}
-	return progressFile{localRank: localRank, rank: rank, path: path}, nil
+	return progressFile{localRank: localRank, rank: rank, path: f.Name()}, nil
 }
 
 // hangWatch tells stuck workers from their progress counters. It is

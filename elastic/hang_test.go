@@ -130,7 +130,12 @@ func TestHangCheckPeriod(t *testing.T) {
 }
 
 func TestProgressFileReads(t *testing.T) {
-	p, err := createProgressFile(t.TempDir(), 0, 0)
+	dir, err := launcher.OpenLogDir(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer dir.Close()
+	p, err := createProgressFile(dir, 0, 0)
 	if err != nil {
 		t.Fatal(err)
 	}

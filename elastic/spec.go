@@ -181,5 +181,11 @@ func (s *Spec) Validate() error {
 	if s.ShutdownTimeout < 0 {
 		errs = append(errs, fmt.Errorf("--shutdown-timeout must not be negative, got %s", s.ShutdownTimeout))
 	}
+	if err := ValidateName("--rdzv-id", s.RunID); err != nil {
+		errs = append(errs, err)
+	}
+	if err := ValidateName("--role", s.Role); err != nil {
+		errs = append(errs, err)
+	}
 	return errors.Join(errs...)
 }

@@ -3,6 +3,7 @@ package launcher
 import (
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 )
@@ -62,13 +63,14 @@ func ExpandHostlist(expr string) ([]string, error) {
 		if n > MaxExpandedHosts-len(hosts) {
 			return fail("expands to more than %d hosts", MaxExpandedHosts)
 		}
-		for name := range p.names() {
-			size += len(name)
-			if size > maxExpandedBytes {
-				return fail("expands to more than %d bytes", maxExpandedBytes)
-			}
-			hosts = append(hosts, name)
+		// The size is known before any name is made, so that a pattern
+		// near the caps costs arithmetic, not a million allocations.
+		bytes := p.size(n)
+		if bytes > maxExpandedBytes-size {
+			return fail("expands to more than %d bytes", maxExpandedBytes)
 		}
+		size += bytes
+		hosts = p.appendNames(hosts, n, bytes)
 	}
 	return hosts, nil
 }
@@ -206,55 +208,110 @@ func (p hostPattern) count() int {
 	return total
 }
 
-// names yields p's names in Slurm's order: the last group innermost, and
-// the others outermost first from the second-to-last back to the first.
-func (p hostPattern) names() func(yield func(string) bool) {
-	n := len(p.groups)
-	order := make([]int, 0, n)
-	for i := n - 2; i >= 0; i-- {
-		order = append(order, i)
+// size is the bytes of p's n names together, saturated above
+// maxExpandedBytes: every name holds every literal, and each number of a
+// group appears n/(the group's count) times.
+func (p hostPattern) size(n int) int {
+	total := 0
+	for _, lit := range p.lits {
+		total += len(lit)
 	}
-	if n > 0 {
-		order = append(order, n-1)
-	}
-	values := make([]string, n)
-	return func(yield func(string) bool) {
-		var walk func(depth int) bool
-		walk = func(depth int) bool {
-			if depth == len(order) {
-				var b strings.Builder
-				for i, lit := range p.lits {
-					b.WriteString(lit)
-					if i < n {
-						b.WriteString(values[i])
-					}
-				}
-				return yield(b.String())
-			}
-			g := order[depth]
-			for _, r := range p.groups[g] {
-				for v := r.lo; ; v++ {
-					values[g] = padNumber(v, r.width)
-					if !walk(depth + 1) {
-						return false
-					}
-					if v == r.hi {
-						break
-					}
-				}
-			}
-			return true
+	total = satMul(total, n)
+	for _, g := range p.groups {
+		count, digits := 0, 0
+		for _, r := range g {
+			count += int(r.hi-r.lo) + 1
+			digits = satAdd(digits, rangeDigits(r))
 		}
-		walk(0)
+		total = satAdd(total, satMul(digits, n/count))
+	}
+	return total
+}
+
+// rangeDigits is the bytes of r's numbers, each padded to r.width.
+func rangeDigits(r numRange) int {
+	total := 0
+	lo := r.lo
+	for d, pow := 1, uint64(1); ; d, pow = d+1, pow*10 {
+		// The numbers of d digits are [pow, pow*10-1] (0 has one digit).
+		next := pow * 10
+		if d == 20 || r.hi < next {
+			return satAdd(total, satMul(max(d, r.width), int(r.hi-lo+1)))
+		}
+		if lo < next {
+			total = satAdd(total, satMul(max(d, r.width), int(next-lo)))
+			lo = next
+		}
 	}
 }
 
-func padNumber(v uint64, width int) string {
-	s := strconv.FormatUint(v, 10)
-	if len(s) < width {
-		s = strings.Repeat("0", width-len(s)) + s
+func satAdd(a, b int) int { return min(a+b, maxExpandedBytes+1) }
+
+func satMul(a, n int) int {
+	if n != 0 && a > (maxExpandedBytes+1)/n {
+		return maxExpandedBytes + 1
 	}
-	return s
+	return min(a*n, maxExpandedBytes+1)
+}
+
+// appendNames appends p's n names, of size bytes together, in Slurm's
+// order: the last group innermost, and the others outermost first from
+// the second-to-last back to the first. The names share one string.
+func (p hostPattern) appendNames(hosts []string, n, size int) []string {
+	groups := len(p.groups)
+	order := make([]int, 0, groups)
+	for i := groups - 2; i >= 0; i-- {
+		order = append(order, i)
+	}
+	if groups > 0 {
+		order = append(order, groups-1)
+	}
+	hosts = slices.Grow(hosts, n)
+	buf := make([]byte, 0, size)
+	ends := make([]int, 0, n)
+	values := make([]uint64, groups)
+	widths := make([]int, groups)
+	var walk func(depth int)
+	walk = func(depth int) {
+		if depth == len(order) {
+			for i, lit := range p.lits {
+				buf = append(buf, lit...)
+				if i < groups {
+					buf = appendPadded(buf, values[i], widths[i])
+				}
+			}
+			ends = append(ends, len(buf))
+			return
+		}
+		g := order[depth]
+		for _, r := range p.groups[g] {
+			widths[g] = r.width
+			for v := r.lo; ; v++ {
+				values[g] = v
+				walk(depth + 1)
+				if v == r.hi {
+					break
+				}
+			}
+		}
+	}
+	walk(0)
+	all, start := string(buf), 0
+	for _, end := range ends {
+		hosts = append(hosts, all[start:end])
+		start = end
+	}
+	return hosts
+}
+
+// appendPadded appends v in decimal, zero-padded to width.
+func appendPadded(buf []byte, v uint64, width int) []byte {
+	var digits [20]byte
+	s := strconv.AppendUint(digits[:0], v, 10)
+	for range width - len(s) {
+		buf = append(buf, '0')
+	}
+	return append(buf, s...)
 }
 
 // ExpandTasksPerNode expands Slurm's run-length per-node counts, as in

@@ -213,3 +213,26 @@ func TestExpandTasksPerNode(t *testing.T) {
 		}
 	}
 }
+
+// The size computed before expanding is the size of the names made,
+// across digit counts and padding, so that the byte cap holds exactly.
+func TestHostPatternSize(t *testing.T) {
+	for _, tok := range []string{
+		"n1", "n[0-9]", "n[8-12]", "n[08-12]", "n[0008-0012]", "n[95-105,7]",
+		"a[1-3]b[09-11]c", "x[99999-100001]y[1-2]", "z[18446744073709551614-18446744073709551615]",
+	} {
+		p, err := parseHostPattern(tok)
+		if err != nil {
+			t.Fatalf("%s: %v", tok, err)
+		}
+		n := p.count()
+		names := p.appendNames(nil, n, 0)
+		total := 0
+		for _, name := range names {
+			total += len(name)
+		}
+		if len(names) != n || p.size(n) != total {
+			t.Errorf("%s: %d names of %d bytes, count %d and size %d", tok, len(names), total, n, p.size(n))
+		}
+	}
+}

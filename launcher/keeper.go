@@ -5,15 +5,20 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"maps"
 	"os"
 	"os/exec"
 	"os/signal"
+	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
 	"sync"
 	"syscall"
+	"time"
+
+	"github.com/gorun/gorun/internal/shmname"
 )
 
 // keeperEnv marks a process started by StartKeeper.
@@ -25,7 +30,14 @@ const keeperEnv = "GORUN_KEEPER"
 // acts on that EOF. A nil *Keeper records nothing.
 //
 // The protocol is one line per change on the keeper's stdin: "+<pgid>" to
-// record a group, "-<pgid>" to forget it.
+// record a group, "-<pgid>" to forget it, and "d<quoted path>" to have the
+// keeper remove the job's temporary folder when the agent is gone.
+//
+// After the groups are killed, the keeper also removes what the dead
+// left: the temporary folders recorded (unless they hold worker logs)
+// and the shared-memory segments whose creator is no longer alive
+// (internal/shmname), which a worker killed while setting them up leaves
+// in /dev/shm.
 type Keeper struct {
 	cmd *exec.Cmd
 
@@ -78,6 +90,24 @@ func (k *Keeper) send(op byte, pgid int) error {
 	return nil
 }
 
+// RemoveOnExit records the job's temporary folder dir, which the keeper
+// removes when the agent is gone unless a worker's log is in it (as the
+// agent itself does when it ends; see HasLogFiles).
+func (k *Keeper) RemoveOnExit(dir string) error {
+	if k == nil {
+		return nil
+	}
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if k.records == nil {
+		return errKeeperClosed
+	}
+	if _, err := fmt.Fprintf(k.records, "d%s\n", strconv.Quote(dir)); err != nil {
+		return fmt.Errorf("launcher: keeper: %w", err)
+	}
+	return nil
+}
+
 var errKeeperClosed = errors.New("launcher: keeper closed")
 
 // Close ends the keeper: it kills the groups still recorded, then exits.
@@ -111,34 +141,76 @@ func MaybeRunKeeper() bool {
 	// The keeper must outlive the agent, whatever the terminal or a
 	// supervisor sends to everyone.
 	signal.Ignore(syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP, syscall.SIGQUIT)
-	for _, pgid := range keep(os.Stdin, os.Stderr) {
+	groups, dirs := keep(os.Stdin, os.Stderr)
+	for _, pgid := range groups {
 		// A recorded group still exists while any member lives, so its id
 		// cannot have been reused.
 		if err := syscall.Kill(-pgid, syscall.SIGKILL); err != nil && !errors.Is(err, syscall.ESRCH) {
 			fmt.Fprintf(os.Stderr, "gorun keeper: kill process group %d: %v\n", pgid, err)
 		}
 	}
+	sweep(groups, dirs, os.Stderr)
 	return true
 }
 
-// keep reads records until EOF and returns the groups still recorded,
-// complaining to warn about malformed ones. A read error means the same as
-// EOF: the agent is gone.
-func keep(records io.Reader, warn io.Writer) []int {
-	groups := make(map[int]bool)
+// sweep removes what the agent's job left once its processes are gone:
+// the temporary folders dirs, unless they hold worker logs, and the
+// shared-memory segments of dead creators.
+func sweep(groups []int, dirs []string, warn io.Writer) {
+	// The segments' creators must be dead to be swept: give the killed
+	// groups a moment to go.
+	deadline := time.Now().Add(keeperSweepWait)
+	for _, pgid := range groups {
+		for syscall.Kill(-pgid, 0) == nil && time.Now().Before(deadline) {
+			time.Sleep(10 * time.Millisecond)
+		}
+	}
+	for _, dir := range dirs {
+		if HasLogFiles(dir) {
+			continue
+		}
+		if err := RemoveTree(dir); err != nil {
+			fmt.Fprintf(warn, "gorun keeper: %v\n", err)
+		}
+	}
+	if _, err := shmname.Sweep(ShmDir); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		fmt.Fprintf(warn, "gorun keeper: %v\n", err)
+	}
+}
+
+// keeperSweepWait bounds the keeper's wait for killed groups to end
+// before it sweeps: zombies a parent never reaps count as gone after it.
+const keeperSweepWait = 2 * time.Second
+
+// ShmDir is where the collective runtime's shared-memory segments live.
+const ShmDir = "/dev/shm"
+
+// keep reads records until EOF and returns the groups still recorded
+// and the folders to remove, complaining to warn about malformed records.
+// A read error means the same as EOF: the agent is gone.
+func keep(records io.Reader, warn io.Writer) (groups []int, dirs []string) {
+	recorded := make(map[int]bool)
 	scanner := bufio.NewScanner(records)
 	for scanner.Scan() {
+		if dir, ok := strings.CutPrefix(scanner.Text(), "d"); ok {
+			if dir, err := strconv.Unquote(dir); err == nil && filepath.IsAbs(dir) {
+				dirs = append(dirs, dir)
+			} else {
+				fmt.Fprintf(warn, "gorun keeper: ignoring record %q\n", scanner.Text())
+			}
+			continue
+		}
 		add, pgid, ok := parseRecord(scanner.Text())
 		switch {
 		case !ok:
 			fmt.Fprintf(warn, "gorun keeper: ignoring record %q\n", scanner.Text())
 		case add:
-			groups[pgid] = true
+			recorded[pgid] = true
 		default:
-			delete(groups, pgid)
+			delete(recorded, pgid)
 		}
 	}
-	return slices.Sorted(maps.Keys(groups))
+	return slices.Sorted(maps.Keys(recorded)), dirs
 }
 
 // parseRecord parses "+<pgid>" or "-<pgid>".
