@@ -27,7 +27,8 @@ const keeperEnv = "GORUN_KEEPER"
 // The protocol is one line per change on the keeper's stdin: "+<pgid>" to
 // record a group, "-<pgid>" to forget it.
 type Keeper struct {
-	cmd *exec.Cmd
+	cmd     *exec.Cmd
+	contain *Containment // closed with the keeper; nil without one
 
 	mu      sync.Mutex
 	records *os.File // write end of the keeper's stdin; nil once closed
@@ -38,13 +39,18 @@ type Keeper struct {
 // The keeper runs in a process group of its own, so that a Ctrl-C at the
 // terminal does not reach it.
 func StartKeeper(exe string, args ...string) (*Keeper, error) {
+	return startKeeper(exe, nil, args...)
+}
+
+// startKeeper starts the keeper with env added to its environment.
+func startKeeper(exe string, env []string, args ...string) (*Keeper, error) {
 	r, w, err := os.Pipe()
 	if err != nil {
 		return nil, fmt.Errorf("launcher: start keeper: %w", err)
 	}
 	defer r.Close()
 	cmd := exec.Command(exe, args...)
-	cmd.Env = append(withoutKey(os.Environ(), keeperEnv), keeperEnv+"=1")
+	cmd.Env = append(append(withoutKey(os.Environ(), keeperEnv), env...), keeperEnv+"=1")
 	cmd.Stdin = r
 	cmd.Stderr = os.Stderr
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
@@ -80,8 +86,10 @@ func (k *Keeper) send(op byte, pgid int) error {
 
 var errKeeperClosed = errors.New("launcher: keeper closed")
 
-// Close ends the keeper: it kills the groups still recorded, then exits.
-// Close waits for it. Closing twice is harmless.
+// Close ends the keeper: it kills the groups still recorded, and the job's
+// processes when it was started by Containment.StartKeeper, then exits.
+// Close waits for it, then closes the Containment. Closing twice is
+// harmless.
 func (k *Keeper) Close() error {
 	if k == nil {
 		return nil
@@ -97,7 +105,7 @@ func (k *Keeper) Close() error {
 	if waitErr := k.cmd.Wait(); waitErr != nil {
 		err = errors.Join(err, fmt.Errorf("launcher: keeper: %w", waitErr))
 	}
-	return err
+	return errors.Join(err, k.contain.Close())
 }
 
 // MaybeRunKeeper runs the keeper and returns true when this process was
@@ -111,6 +119,7 @@ func MaybeRunKeeper() bool {
 	// The keeper must outlive the agent, whatever the terminal or a
 	// supervisor sends to everyone.
 	signal.Ignore(syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP, syscall.SIGQUIT)
+	cgroup, mark := keeperJob()
 	for _, pgid := range keep(os.Stdin, os.Stderr) {
 		// A recorded group still exists while any member lives, so its id
 		// cannot have been reused.
@@ -118,6 +127,7 @@ func MaybeRunKeeper() bool {
 			fmt.Fprintf(os.Stderr, "gorun keeper: kill process group %d: %v\n", pgid, err)
 		}
 	}
+	killJob(cgroup, mark, os.Stderr)
 	return true
 }
 
