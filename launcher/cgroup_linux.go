@@ -140,7 +140,11 @@ func kernelAtLeast(release string, major, minor int) bool {
 		return false
 	}
 	maj, err1 := strconv.Atoi(parts[0])
-	min, err2 := strconv.Atoi(strings.TrimRightFunc(parts[1], func(r rune) bool { return r < '0' || r > '9' }))
+	digits := strings.IndexFunc(parts[1], func(r rune) bool { return r < '0' || r > '9' })
+	if digits < 0 {
+		digits = len(parts[1])
+	}
+	min, err2 := strconv.Atoi(parts[1][:digits])
 	if err1 != nil || err2 != nil {
 		return false
 	}
