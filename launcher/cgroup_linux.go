@@ -72,7 +72,36 @@ func createJobCgroup() (string, error) {
 		unix.Rmdir(dir)
 		return "", fmt.Errorf("%w: %s is not a domain cgroup (%q, %v)", errNoCgroup, dir, bytes.TrimSpace(kind), err)
 	}
+	if err := probeCgroup(dir); err != nil {
+		unix.Rmdir(dir)
+		return "", fmt.Errorf("%w: start a process in %s: %v", errNoCgroup, dir, err)
+	}
 	return dir, nil
+}
+
+// probeCgroup starts, inside the cgroup at dir, a program that does not
+// exist. The clone into the cgroup is what may fail (a kernel or a cgroup
+// that refuses it); an exec that then finds nothing proves it worked, and
+// nothing runs.
+func probeCgroup(dir string) error {
+	fd, err := unix.Open(dir, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return err
+	}
+	defer unix.Close(fd)
+	missing := filepath.Join(dir, "gorun-probe")
+	pid, err := syscall.ForkExec(missing, []string{missing}, &syscall.ProcAttr{
+		Sys: &syscall.SysProcAttr{UseCgroupFD: true, CgroupFD: fd},
+	})
+	if err == nil { // cannot be: cgroupfs holds no such file
+		syscall.Kill(pid, syscall.SIGKILL)
+		syscall.Wait4(pid, nil, 0, nil)
+		return fmt.Errorf("%s exists", missing)
+	}
+	if errors.Is(err, syscall.ENOENT) {
+		return nil
+	}
+	return err
 }
 
 // ownCgroupDir returns the directory of this process's cgroup v2, given

@@ -395,3 +395,11 @@ func runContainedAgent(mode string) int {
 	time.Sleep(time.Minute) // the test kills us long before
 	return 1
 }
+
+// The probe fails where a process cannot start inside the directory: here
+// one that is no cgroup at all.
+func TestProbeCgroupRefusesANonCgroup(t *testing.T) {
+	if err := probeCgroup(t.TempDir()); err == nil {
+		t.Error("a process started inside a plain directory")
+	}
+}
