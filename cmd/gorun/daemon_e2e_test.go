@@ -48,7 +48,7 @@ func requireContainment(t *testing.T, mode string) {
 // daemons that leave its process group, and records their pids, one per
 // line, in dir/daemons.<restart>.<rank>: one by `setsid -f`, one by a
 // double fork through setsid and, with bare, one by `setsid -f` with an
-// emptied environment. It also records its cgroup and mark in
+// emptied environment. Before, it records its cgroup and mark in
 // dir/where.<rank>. Then it runs then.
 func daemonWorker(t *testing.T, dir string, bare bool, then string) string {
 	t.Helper()
@@ -67,9 +67,9 @@ while :; do
 	[ $n -ge `+strconv.Itoa(want)+` ] && break
 	sleep 0.01
 done
+{ grep '^0::' /proc/self/cgroup; echo "mark=$GORUN_JOB_MARK"; } > "`+dir+`/where.$RANK"
 cat "$d".* > "`+dir+`/tmp.$RANK"
 mv "`+dir+`/tmp.$RANK" "`+dir+`/daemons.$TORCHELASTIC_RESTART_COUNT.$RANK"
-{ grep '^0::' /proc/self/cgroup; echo "mark=$GORUN_JOB_MARK"; } > "`+dir+`/where.$RANK"
 `+then+"\n")
 }
 
