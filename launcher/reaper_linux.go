@@ -149,6 +149,9 @@ func killLeftovers(mark string, started func(int) bool, reap func(), wait time.D
 	for {
 		pids := leftovers(scanProcs(mark, uid), self, pgid, started)
 		if len(pids) == 0 || time.Now().After(deadline) {
+			// What was killed since the last reap is dead now, if adopted
+			// a zombie of ours.
+			reap()
 			return killed, pids
 		}
 		for _, pid := range pids {
