@@ -87,7 +87,9 @@ type GroupOptions struct {
 	Logger zerolog.Logger
 	Now    func() time.Time // stamps Exit.Time (nil = time.Now)
 	// Keeper, when set, records every worker's process group so that the
-	// group is killed even if the agent is.
+	// group is killed even if the agent is. A keeper started by
+	// Containment.StartKeeper also contains the group: everything its
+	// workers start is killed once the last of them has exited.
 	Keeper *Keeper
 }
 
@@ -97,6 +99,7 @@ type Group struct {
 	log     zerolog.Logger
 	now     func() time.Time
 	keeper  *Keeper
+	cell    *cell     // the group's share of the keeper's Containment
 	workers []*worker // in spec order; fixed once StartGroup returns
 
 	reapers sync.WaitGroup
@@ -131,6 +134,10 @@ func StartGroup(specs []WorkerSpec, opts GroupOptions) (*Group, error) {
 	if g.now == nil {
 		g.now = time.Now
 	}
+	var err error
+	if g.cell, err = opts.Keeper.containment().newCell(); err != nil {
+		return nil, err
+	}
 	// Each worker starts from a fresh goroutine of its own, which no
 	// caller can have locked to its OS thread (see workerAttr for why that
 	// matters), and most of a start (pipes, the wait for the child's
@@ -153,6 +160,7 @@ func StartGroup(specs []WorkerSpec, opts GroupOptions) (*Group, error) {
 	}
 	go func() {
 		g.reapers.Wait()
+		g.cell.close()
 		close(g.exits)
 		close(g.done)
 	}()
@@ -255,7 +263,7 @@ func (g *Group) livePids() []int {
 
 // start starts one worker and the goroutines that copy its output and reap it.
 func (g *Group) start(spec WorkerSpec) (*worker, error) {
-	cmd, outputs, err := startProcess(spec)
+	cmd, outputs, err := startProcess(spec, g.cell)
 	if err != nil {
 		return nil, err
 	}
@@ -278,18 +286,23 @@ func (g *Group) start(spec WorkerSpec) (*worker, error) {
 	return w, nil
 }
 
-// reap waits for w to die, clears its process group, and returns its Exit
-// once its output has been copied.
+// reap waits for w to die, clears its process group (and, after the last
+// worker, whatever the group left), and returns its Exit once its output
+// has been copied.
 func (g *Group) reap(w *worker) Exit {
 	if err := awaitExit(w.pid); err != nil {
 		w.log.Warn().Err(err).Msg("waitid")
 	}
 	observed := g.now()
 	w.markExited()
+	// Before the output is drained: a daemon that holds the worker's
+	// output would otherwise make the drain wait its full bound.
+	g.cell.exited()
 	if err := g.keeper.Untrack(w.pid); err != nil {
 		w.log.Warn().Err(err).Msg("keeper lost")
 	}
 	_ = w.cmd.Wait() // the exit status is in ProcessState
+	g.cell.reaped(w.pid)
 	w.finishOutput()
 	exit := w.exitAt(observed)
 	level := zerolog.DebugLevel
@@ -361,9 +374,9 @@ func (w *worker) exitAt(observed time.Time) Exit {
 	return exit
 }
 
-// startProcess starts the worker described by spec and returns the outputs
-// to copy from.
-func startProcess(spec WorkerSpec) (*exec.Cmd, []output, error) {
+// startProcess starts the worker described by spec inside cl (nil: no
+// containment) and returns the outputs to copy from.
+func startProcess(spec WorkerSpec, cl *cell) (*exec.Cmd, []output, error) {
 	if len(spec.Argv) == 0 {
 		return nil, nil, errors.New("empty command line")
 	}
@@ -382,6 +395,7 @@ func startProcess(spec WorkerSpec) (*exec.Cmd, []output, error) {
 		Dir:         spec.Dir,
 		SysProcAttr: workerAttr(spec.PTY),
 	}
+	cl.confine(cmd)
 	var s streams
 	defer s.closeChildEnds()
 	if spec.PTY {
@@ -393,7 +407,7 @@ func startProcess(spec WorkerSpec) (*exec.Cmd, []output, error) {
 		cmd.Stderr, err = s.pipe("stderr", spec.Stderr)
 	}
 	if err == nil {
-		err = startBound(cmd, spec.CPUs)
+		err = cl.start(cmd, func() error { return startBound(cmd, spec.CPUs) })
 	}
 	if err != nil {
 		closeSources(s.outputs)

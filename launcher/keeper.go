@@ -39,7 +39,8 @@ const keeperEnv = "GORUN_KEEPER"
 // (internal/shmname), which a worker killed while setting them up leaves
 // in /dev/shm.
 type Keeper struct {
-	cmd *exec.Cmd
+	cmd     *exec.Cmd
+	contain *Containment // closed with the keeper; nil without one
 
 	mu      sync.Mutex
 	records *os.File // write end of the keeper's stdin; nil once closed
@@ -50,13 +51,18 @@ type Keeper struct {
 // The keeper runs in a process group of its own, so that a Ctrl-C at the
 // terminal does not reach it.
 func StartKeeper(exe string, args ...string) (*Keeper, error) {
+	return startKeeper(exe, nil, args...)
+}
+
+// startKeeper starts the keeper with env added to its environment.
+func startKeeper(exe string, env []string, args ...string) (*Keeper, error) {
 	r, w, err := os.Pipe()
 	if err != nil {
 		return nil, fmt.Errorf("launcher: start keeper: %w", err)
 	}
 	defer r.Close()
 	cmd := exec.Command(exe, args...)
-	cmd.Env = append(withoutKey(os.Environ(), keeperEnv), keeperEnv+"=1")
+	cmd.Env = append(append(withoutKey(os.Environ(), keeperEnv), env...), keeperEnv+"=1")
 	cmd.Stdin = r
 	cmd.Stderr = os.Stderr
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
@@ -110,8 +116,10 @@ func (k *Keeper) RemoveOnExit(dir string) error {
 
 var errKeeperClosed = errors.New("launcher: keeper closed")
 
-// Close ends the keeper: it kills the groups still recorded, then exits.
-// Close waits for it. Closing twice is harmless.
+// Close ends the keeper: it kills the groups still recorded, and the job's
+// processes when it was started by Containment.StartKeeper, then exits.
+// Close waits for it, then closes the Containment. Closing twice is
+// harmless.
 func (k *Keeper) Close() error {
 	if k == nil {
 		return nil
@@ -127,7 +135,7 @@ func (k *Keeper) Close() error {
 	if waitErr := k.cmd.Wait(); waitErr != nil {
 		err = errors.Join(err, fmt.Errorf("launcher: keeper: %w", waitErr))
 	}
-	return err
+	return errors.Join(err, k.contain.Close())
 }
 
 // MaybeRunKeeper runs the keeper and returns true when this process was
@@ -141,6 +149,7 @@ func MaybeRunKeeper() bool {
 	// The keeper must outlive the agent, whatever the terminal or a
 	// supervisor sends to everyone.
 	signal.Ignore(syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP, syscall.SIGQUIT)
+	cgroup, mark := keeperJob()
 	groups, dirs := keep(os.Stdin, os.Stderr)
 	for _, pgid := range groups {
 		// A recorded group still exists while any member lives, so its id
@@ -149,6 +158,8 @@ func MaybeRunKeeper() bool {
 			fmt.Fprintf(os.Stderr, "gorun keeper: kill process group %d: %v\n", pgid, err)
 		}
 	}
+	killJob(cgroup, mark, os.Stderr)
+	// What the dead left, once they are dead.
 	sweep(groups, dirs, os.Stderr)
 	return true
 }

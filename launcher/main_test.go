@@ -25,6 +25,9 @@ func TestMain(m *testing.M) {
 	if os.Getenv(fakeAgentEnv) == "1" {
 		os.Exit(runFakeAgent())
 	}
+	if mode := os.Getenv(containedAgentEnv); mode != "" {
+		os.Exit(runContainedAgent(mode))
+	}
 	if os.Getenv(threadCPUsEnv) == "1" {
 		os.Exit(printThreadCPUs())
 	}

@@ -202,7 +202,13 @@ func launch(ctx context.Context, spec elastic.Spec, log zerolog.Logger, stdout, 
 	if err != nil {
 		return 0, fmt.Errorf("find own executable for the keeper: %w", err)
 	}
-	keeper, err := launcher.StartKeeper(exe)
+	// GORUN_CONTAINMENT=subreaper forces the fallback that holds without
+	// cgroups (the tests use it); cgroup makes a missing cgroup an error.
+	contain, err := launcher.Contain(launcher.ContainOptions{Mode: launcher.ContainMode(os.Getenv("GORUN_CONTAINMENT")), Logger: log})
+	if err != nil {
+		return 0, err
+	}
+	keeper, err := contain.StartKeeper(exe)
 	if err != nil {
 		return 0, err
 	}
