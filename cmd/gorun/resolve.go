@@ -219,6 +219,11 @@ func (r *resolver) basics(s *elastic.Spec) {
 	if f.Bool("use-env") {
 		r.note(zerolog.DebugLevel, "--use-env: workers always read their ranks from the environment")
 	}
+	switch mode := r.env("GORUN_CONTAINMENT"); launcher.ContainMode(mode) {
+	case "", launcher.ContainAuto, launcher.ContainCgroup, launcher.ContainSubreaper:
+	default:
+		r.fail(fmt.Errorf("GORUN_CONTAINMENT=%q: want auto, cgroup or subreaper", mode))
+	}
 	switch backend := f.String("backend"); backend {
 	case "":
 	case "auto", "nccl", "tcp":

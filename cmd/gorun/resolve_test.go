@@ -337,6 +337,7 @@ func TestResolveRejectsAbsurdInput(t *testing.T) {
 		{name: "infinite grace", set: map[string]string{"shutdown-timeout": "Inf"}, wantErr: `--shutdown-timeout "Inf"`},
 		{name: "a grace that overflows", set: map[string]string{"shutdown-timeout": "1e300"}, wantErr: `--shutdown-timeout "1e300"`},
 		{name: "grace from the environment", env: env("TORCH_ELASTIC_SHUTDOWN_TIMEOUT", "-Inf"), wantErr: `--shutdown-timeout "-Inf"`},
+		{name: "containment", env: env("GORUN_CONTAINMENT", "jail"), wantErr: `GORUN_CONTAINMENT="jail"`},
 		{name: "a year is the most", set: map[string]string{"shutdown-timeout": "31622400"},
 			want: func(s elastic.Spec) bool { return s.ShutdownTimeout == 366*24*time.Hour }},
 		{name: "monitor interval 0", set: map[string]string{"monitor-interval": "0"}, wantErr: `--monitor-interval "0"`},
