@@ -232,15 +232,22 @@ type cell struct {
 	dir     string   // the group's cgroup, in cgroup mode
 	fd      *os.File // dir, open, for the workers to start in (CgroupFD)
 	running atomic.Int64
+	// unstarted counts the workers yet to try their start. Workers start
+	// side by side, so all that started may be dead before the last one
+	// starts; the cell is swept only once none is left to start: a
+	// cgroup killed through cgroup.kill kills what is cloned into it
+	// later (seen on 6.18: every later worker died of SIGKILL).
+	unstarted atomic.Int64
 }
 
-// newCell makes a group's cell: in cgroup mode a cgroup of its own below
-// the job's, so that a group that ends is killed alone.
-func (c *Containment) newCell() (*cell, error) {
+// newCell makes the cell of a group of n workers: in cgroup mode a cgroup
+// of its own below the job's, so that a group that ends is killed alone.
+func (c *Containment) newCell(n int) (*cell, error) {
 	if c == nil {
 		return nil, nil
 	}
 	cl := &cell{c: c}
+	cl.unstarted.Store(int64(n))
 	if c.cgroup == "" {
 		return cl, nil
 	}
@@ -280,6 +287,7 @@ func (cl *cell) start(cmd *exec.Cmd, start func() error) error {
 	}
 	cl.c.starts.RLock()
 	defer cl.c.starts.RUnlock()
+	defer cl.unstarted.Add(-1)
 	if err := start(); err != nil {
 		return err
 	}
@@ -296,7 +304,7 @@ func (cl *cell) exited() {
 		return
 	}
 	cl.c.running.Add(-1)
-	if cl.running.Add(-1) == 0 {
+	if cl.running.Add(-1) == 0 && cl.unstarted.Load() == 0 {
 		cl.sweep()
 	}
 }
@@ -314,8 +322,8 @@ func (cl *cell) reaped(pid int) {
 func (cl *cell) sweep() {
 	cl.c.starts.Lock()
 	defer cl.c.starts.Unlock()
-	if cl.running.Load() > 0 {
-		return // a worker started since its last sibling died
+	if cl.running.Load() > 0 || cl.unstarted.Load() > 0 {
+		return // a worker started, or is to, since its last sibling died
 	}
 	if cl.dir == "" {
 		if cl.c.running.Load() == 0 {

@@ -135,7 +135,7 @@ func StartGroup(specs []WorkerSpec, opts GroupOptions) (*Group, error) {
 		g.now = time.Now
 	}
 	var err error
-	if g.cell, err = opts.Keeper.containment().newCell(); err != nil {
+	if g.cell, err = opts.Keeper.containment().newCell(len(specs)); err != nil {
 		return nil, err
 	}
 	// Each worker starts from a fresh goroutine of its own, which no

@@ -93,7 +93,7 @@ func elasticJob(t *testing.T, nnodes string, extra ...string) []string {
 	port := strconv.Itoa(freePort(t))
 	return append([]string{
 		"--nnodes", nnodes, "--nproc-per-node", "2", "--rdzv-backend", "c10d",
-		"--rdzv-endpoint", "127.0.0.1:" + port, "--rdzv-id", t.Name(),
+		"--rdzv-endpoint", "127.0.0.1:" + port, "--rdzv-id", strings.ReplaceAll(t.Name(), "/", "-"),
 		"--rdzv-conf", "last_call_timeout=1.5,heartbeat_interval=0.25,heartbeat_misses=3",
 	}, extra...)
 }
