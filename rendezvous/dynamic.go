@@ -258,6 +258,19 @@ func (ri *RoundInfo) Reason() string {
 	}
 }
 
+// NewRoundInfo returns the round of an Elastic handler other than
+// Dynamic, open until End.
+func NewRoundInfo(number, restarts, groupRank, groupWorldSize, firstRank, worldSize int) *RoundInfo {
+	return &RoundInfo{
+		Number: number, Restarts: restarts, GroupRank: groupRank, GroupWorldSize: groupWorldSize,
+		FirstRank: firstRank, WorldSize: worldSize, changed: make(chan struct{}),
+	}
+}
+
+// End closes Changed with reason, the first time only: the handler that
+// made the round saw it superseded.
+func (ri *RoundInfo) End(reason string) { ri.end(reason) }
+
 // end closes Changed with reason, the first time only.
 func (ri *RoundInfo) end(reason string) {
 	ri.once.Do(func() {
