@@ -32,11 +32,11 @@ const (
 
 func roundKey(r int, name string) string { return "round/" + strconv.Itoa(r) + "/" + name }
 
-func nodesKey(r int) string          { return roundKey(r, "node/") }
+func nodesKey(r int) string           { return roundKey(r, "node/") }
 func nodeKey(r int, id string) string { return nodesKey(r) + id }
-func callKey(r int) string           { return roundKey(r, "call/") }
-func lastCallKey(r int) string       { return callKey(r) + "last" }
-func finalKey(r int) string          { return callKey(r) + "final" }
+func callKey(r int) string            { return roundKey(r, "call/") }
+func lastCallKey(r int) string        { return callKey(r) + "last" }
+func finalKey(r int) string           { return callKey(r) + "final" }
 
 // jobState is the one register that every transition of the job goes
 // through: moving it from round r to r+1 in a transaction supersedes round
