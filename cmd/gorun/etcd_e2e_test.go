@@ -1,0 +1,191 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/gorun/gorun/internal/etcdtest"
+	rendezvousetcd "github.com/gorun/gorun/rendezvous/etcd"
+)
+
+// etcdLeaseTTL is the tests' lease TTL, in seconds.
+const etcdLeaseTTL = 3
+
+// etcdJob is the command line shared by the agents of one test job: the
+// etcd rendezvous in cluster c with short timings.
+func etcdJob(t *testing.T, c *etcdtest.Cluster, nnodes string, extra ...string) []string {
+	return append([]string{
+		"--nnodes", nnodes, "--nproc-per-node", "2", "--rdzv-backend", "etcd",
+		"--rdzv-endpoint", strings.Join(c.Endpoints(), ","), "--rdzv-id", t.Name(),
+		"--rdzv-conf", fmt.Sprintf("last_call_timeout=1,lease_ttl=%d,read_timeout=5", etcdLeaseTTL),
+	}, extra...)
+}
+
+func allOutput(agents []*agent) string {
+	var b strings.Builder
+	for _, a := range agents {
+		b.WriteString(a.out.String())
+	}
+	return b.String()
+}
+
+// Three agents form one round on a 3-member etcd cluster; kill -9 of the
+// one that is group rank 0, which hosts the workers' store, makes the
+// other two form a round of their own within 3 lease TTLs and finish,
+// without spending the restart budget.
+func TestEtcdSurvivesLosingGroupRankZero(t *testing.T) {
+	c := etcdtest.Start(t, etcdtest.Options{})
+	dir := t.TempDir()
+	args := append(etcdJob(t, c, "2:3"), bin("elastic"), "-steps", "200", "-step-delay", "20ms", "-every", "10",
+		"-checkpoint", filepath.Join(dir, "ckpt"), "-log-every", "10")
+	agents := []*agent{startAgent(t, args...), startAgent(t, args...), startAgent(t, args...)}
+	if !waitFor(60*time.Second, func() bool { return strings.Contains(allOutput(agents), "world 6 restart 0") }) {
+		t.Fatalf("no round of 3 nodes:\n%s", allOutput(agents))
+	}
+	var victim *agent
+	for _, a := range agents {
+		if regexp.MustCompile(`rendezvous complete.*node_rank=0`).MatchString(a.out.String()) {
+			victim = a
+		}
+	}
+	if victim == nil {
+		t.Fatalf("no agent says it is group rank 0:\n%s", allOutput(agents))
+	}
+	victim.cmd.Process.Signal(syscall.SIGKILL)
+	killed := time.Now()
+	if !waitFor(60*time.Second, func() bool { return strings.Contains(allOutput(agents), "with world 4") }) {
+		t.Fatalf("the survivors did not re-form:\n%s", allOutput(agents))
+	}
+	if took := time.Since(killed); took > etcdLeaseTTL*3*time.Second {
+		t.Errorf("the survivors' workers restarted %v after the kill, more than 3 lease TTLs", took)
+	}
+	for i, a := range agents {
+		if a == victim {
+			continue
+		}
+		if code := a.wait(t, 90*time.Second); code != 0 {
+			t.Fatalf("agent %d exited %d:\n%s", i, code, a.out.String())
+		}
+	}
+	all := allOutput(agents)
+	for _, want := range []string{"is gone: it left, or its etcd lease lapsed", "finished 200 steps with world 4 after 0 restarts"} {
+		if !strings.Contains(all, want) {
+			t.Errorf("missing %q:\n%s", want, all)
+		}
+	}
+}
+
+// kill -9 of the etcd leader while the nodes form their round, and of the
+// next leader while the job runs, changes nothing the workers see: one
+// round, no restart.
+func TestEtcdLeaderLoss(t *testing.T) {
+	c := etcdtest.Start(t, etcdtest.Options{})
+	dir := t.TempDir()
+	args := append(etcdJob(t, c, "2"), bin("elastic"), "-steps", "200", "-step-delay", "20ms", "-every", "10",
+		"-checkpoint", filepath.Join(dir, "ckpt"), "-log-every", "10")
+	first := startAgent(t, args...)
+	// The first agent waits in round 0 for the second.
+	cli := c.Client()
+	if !waitFor(30*time.Second, func() bool {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		defer cancel()
+		r, err := cli.Get(ctx, rendezvousetcd.DefaultPrefix+"/"+t.Name()+"/round/0/node/", clientv3.WithPrefix(), clientv3.WithCountOnly())
+		return err == nil && r.Count == 1
+	}) {
+		t.Fatalf("the first agent never joined round 0:\n%s", first.out.String())
+	}
+	leader := c.Leader()
+	c.Kill(leader)
+	agents := []*agent{first, startAgent(t, args...)}
+	if !waitFor(60*time.Second, func() bool { return strings.Contains(allOutput(agents), "step 50 loss") }) {
+		t.Fatalf("no job after the leader's loss:\n%s", allOutput(agents))
+	}
+	// Mid-job: bring the first back (a quorum of three needs two), then
+	// kill whoever leads now.
+	c.Restart(leader)
+	c.AwaitHealthy(30 * time.Second)
+	c.Kill(c.Leader())
+	for i, a := range agents {
+		if code := a.wait(t, 90*time.Second); code != 0 {
+			t.Fatalf("agent %d exited %d:\n%s", i, code, a.out.String())
+		}
+	}
+	all := allOutput(agents)
+	if !strings.Contains(all, "finished 200 steps with world 4 after 0 restarts") || strings.Contains(all, "round changed") ||
+		strings.Contains(all, "resumed from step") {
+		t.Errorf("the workers saw the leader's loss:\n%s", all)
+	}
+}
+
+// With every etcd member down, the agent says so and exits 69
+// (unavailable) once read_timeout passes.
+func TestEtcdDownEntirely(t *testing.T) {
+	c := etcdtest.Start(t, etcdtest.Options{})
+	for _, m := range c.Members {
+		c.Kill(m)
+	}
+	j := gorun(t, nil, append(etcdJob(t, c, "2"), "true")...)
+	if j.code != 69 || !strings.Contains(j.stderr, "no answer from a quorum of etcd members") {
+		t.Fatalf("want exit 69 naming etcd, got:\n%s", j)
+	}
+}
+
+// Losing etcd's quorum mid-job makes every agent say so, stop its
+// workers and exit 69.
+func TestEtcdQuorumLoss(t *testing.T) {
+	c := etcdtest.Start(t, etcdtest.Options{})
+	dir := t.TempDir()
+	args := append(etcdJob(t, c, "2"), bin("elastic"), "-steps", "100000", "-step-delay", "20ms", "-every", "10",
+		"-checkpoint", filepath.Join(dir, "ckpt"), "-log-every", "10")
+	agents := []*agent{startAgent(t, args...), startAgent(t, args...)}
+	if !waitFor(60*time.Second, func() bool { return strings.Contains(allOutput(agents), "step 20 loss") }) {
+		t.Fatalf("no job:\n%s", allOutput(agents))
+	}
+	c.Kill(c.Members[0])
+	c.Kill(c.Members[1])
+	for i, a := range agents {
+		// A lease TTL to notice, read_timeout (5 s) to give up.
+		if code := a.wait(t, 60*time.Second); code != 69 {
+			t.Fatalf("agent %d exited %d, want 69:\n%s", i, code, a.out.String())
+		}
+		if out := a.out.String(); !strings.Contains(out, "lost its etcd lease") || !strings.Contains(out, "no answer from a quorum") {
+			t.Errorf("agent %d does not say it lost etcd:\n%s", i, out)
+		}
+	}
+}
+
+// The members speak HTTPS and ask for client certificates: torch's
+// protocol, cacert, cert and key reach them.
+func TestEtcdTLS(t *testing.T) {
+	certs := etcdtest.NewCerts(t, "127.0.0.1")
+	c := etcdtest.Start(t, etcdtest.Options{TLS: certs})
+	tlsConf := fmt.Sprintf("protocol=https,cacert=%s,cert=%s,key=%s,lease_ttl=%d,read_timeout=5",
+		certs.CA, certs.ClientCert, certs.ClientKey, etcdLeaseTTL)
+	base := []string{"--nnodes", "2", "--nproc-per-node", "2", "--rdzv-backend", "etcd-v2",
+		"--rdzv-endpoint", strings.Join(c.Endpoints(), ","), "--rdzv-id", t.Name()}
+	args := append(append(base, "--rdzv-conf", tlsConf), bin("elastic"), "-steps", "30", "-every", "10",
+		"-checkpoint", filepath.Join(t.TempDir(), "ckpt"))
+	agents := []*agent{startAgent(t, args...), startAgent(t, args...)}
+	for i, a := range agents {
+		if code := a.wait(t, 60*time.Second); code != 0 {
+			t.Fatalf("agent %d exited %d:\n%s", i, code, a.out.String())
+		}
+	}
+	if all := allOutput(agents); !strings.Contains(all, "finished 30 steps with world 4") {
+		t.Fatalf("no job over TLS:\n%s", all)
+	}
+	// Without its certificate, a client is refused: exit 69.
+	noCert := fmt.Sprintf("protocol=https,cacert=%s,read_timeout=3", certs.CA)
+	j := gorun(t, nil, append(append(base, "--rdzv-conf", noCert), "true")...)
+	if j.code != 69 {
+		t.Fatalf("want exit 69 without a client certificate, got:\n%s", j)
+	}
+}
