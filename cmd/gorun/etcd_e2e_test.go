@@ -89,7 +89,7 @@ func TestEtcdSurvivesLosingGroupRankZero(t *testing.T) {
 func TestEtcdLeaderLoss(t *testing.T) {
 	c := etcdtest.Start(t, etcdtest.Options{})
 	dir := t.TempDir()
-	args := append(etcdJob(t, c, "2"), bin("elastic"), "-steps", "200", "-step-delay", "20ms", "-every", "10",
+	args := append(etcdJob(t, c, "2"), bin("elastic"), "-steps", "400", "-step-delay", "20ms", "-every", "10",
 		"-checkpoint", filepath.Join(dir, "ckpt"), "-log-every", "10")
 	first := startAgent(t, args...)
 	// The first agent waits in round 0 for the second.
@@ -112,14 +112,22 @@ func TestEtcdLeaderLoss(t *testing.T) {
 	// kill whoever leads now.
 	c.Restart(leader)
 	c.AwaitHealthy(30 * time.Second)
-	c.Kill(c.Leader())
+	next := c.Leader()
+	for _, a := range agents {
+		select {
+		case <-a.done:
+			t.Fatalf("the job ended before the second leader was killed:\n%s", allOutput(agents))
+		default:
+		}
+	}
+	c.Kill(next)
 	for i, a := range agents {
 		if code := a.wait(t, 90*time.Second); code != 0 {
 			t.Fatalf("agent %d exited %d:\n%s", i, code, a.out.String())
 		}
 	}
 	all := allOutput(agents)
-	if !strings.Contains(all, "finished 200 steps with world 4 after 0 restarts") || strings.Contains(all, "round changed") ||
+	if !strings.Contains(all, "finished 400 steps with world 4 after 0 restarts") || strings.Contains(all, "round changed") ||
 		strings.Contains(all, "resumed from step") {
 		t.Errorf("the workers saw the leader's loss:\n%s", all)
 	}

@@ -46,7 +46,7 @@ func (h *Handler) Done(ctx context.Context, timeout time.Duration) error {
 	r, n := st.round, len(ro.Nodes)
 	complete := h.k(roundKey(r, "complete"))
 	rctx, cancel := h.request(ctx)
-	t, err := h.cli.Txn(rctx).Then(clientv3.OpPut(h.k(roundKey(r, "done/"+h.opts.NodeID)), ""),
+	t, err := h.kv.Txn(rctx).Then(clientv3.OpPut(h.k(roundKey(r, "done/"+h.opts.NodeID)), ""),
 		clientv3.OpGet(h.k(roundKey(r, "done/")), clientv3.WithPrefix(), clientv3.WithCountOnly())).Commit()
 	cancel()
 	if err != nil {
@@ -54,7 +54,7 @@ func (h *Handler) Done(ctx context.Context, timeout time.Duration) error {
 	}
 	if int(t.Responses[1].GetResponseRange().Count) >= n {
 		rctx, cancel := h.request(ctx)
-		_, err := h.cli.Put(rctx, complete, "")
+		_, err := h.kv.Put(rctx, complete, "")
 		cancel()
 		if err != nil {
 			return h.unreachable(ctx, fmt.Sprintf("exit barrier of round %d", r), err)
@@ -69,7 +69,7 @@ func (h *Handler) Done(ctx context.Context, timeout time.Duration) error {
 	}
 	for {
 		rctx, cancel := h.request(ctx)
-		t, err := h.cli.Txn(rctx).Then(clientv3.OpGet(h.k(keyState)), clientv3.OpGet(complete, clientv3.WithCountOnly()),
+		t, err := h.kv.Txn(rctx).Then(clientv3.OpGet(h.k(keyState)), clientv3.OpGet(complete, clientv3.WithCountOnly()),
 			clientv3.OpGet(h.k(roundKey(r, "done/")), clientv3.WithPrefix(), clientv3.WithCountOnly())).Commit()
 		cancel()
 		if err != nil {
@@ -127,7 +127,7 @@ func (h *Handler) Fail(ctx context.Context, report []byte) (restart bool, err er
 	}
 	o := h.opts
 	rctx, cancel := h.request(ctx)
-	_, err = h.cli.Put(rctx, h.k(keyFailures+strconv.Itoa(st.round)+"/"+o.NodeID), string(line))
+	_, err = h.kv.Put(rctx, h.k(keyFailures+strconv.Itoa(st.round)+"/"+o.NodeID), string(line))
 	cancel()
 	if err != nil {
 		return false, h.unreachable(ctx, "record a failure", err)
@@ -165,7 +165,7 @@ func (h *Handler) Weigh(ctx context.Context) (end func(), err error) {
 	}
 	key := h.k(roundKey(st.round, "weighing/"+h.opts.NodeID))
 	rctx, cancel := h.request(ctx)
-	_, err = h.cli.Put(rctx, key, "", clientv3.WithLease(lease))
+	_, err = h.kv.Put(rctx, key, "", clientv3.WithLease(lease))
 	cancel()
 	if err != nil {
 		return nil, h.unreachable(ctx, "record a failure being weighed", err)
@@ -178,7 +178,7 @@ func (h *Handler) Weigh(ctx context.Context) (end func(), err error) {
 		defer done()
 		ctx, cancel := context.WithTimeout(ctx, h.opts.CloseTimeout)
 		defer cancel()
-		if _, err := h.cli.Delete(ctx, key); err != nil {
+		if _, err := h.kv.Delete(ctx, key); err != nil {
 			h.log.Warn().Err(err).Msg("could not record the end of weighing a failure; other nodes wait out their grace")
 		}
 	}, nil
@@ -205,7 +205,7 @@ func (h *Handler) AwaitAlive(ctx context.Context) bool {
 			pending[pfx+m.ID] = true
 		}
 	}
-	resp, err := h.cli.Get(ctx, pfx, clientv3.WithPrefix(), clientv3.WithKeysOnly())
+	resp, err := h.kv.Get(ctx, pfx, clientv3.WithPrefix(), clientv3.WithKeysOnly())
 	if err != nil {
 		return false
 	}
@@ -249,7 +249,7 @@ func (h *Handler) AwaitReports(ctx context.Context, timeout time.Duration) error
 		r--
 	}
 	pfx := h.k(roundKey(r, "weighing/"))
-	resp, err := h.cli.Get(ctx, pfx, clientv3.WithPrefix(), clientv3.WithKeysOnly())
+	resp, err := h.kv.Get(ctx, pfx, clientv3.WithPrefix(), clientv3.WithKeysOnly())
 	if err != nil {
 		if ctx.Err() != nil {
 			return nil
@@ -284,7 +284,7 @@ func (h *Handler) Failures(ctx context.Context) ([][]byte, error) {
 	defer done()
 	rctx, cancel := h.request(ctx)
 	defer cancel()
-	resp, err := h.cli.Get(rctx, h.k(keyFailures), clientv3.WithPrefix(),
+	resp, err := h.kv.Get(rctx, h.k(keyFailures), clientv3.WithPrefix(),
 		clientv3.WithSort(clientv3.SortByCreateRevision, clientv3.SortAscend))
 	if err != nil {
 		return nil, h.unreachable(ctx, "read the failures", err)

@@ -176,7 +176,8 @@ type Handler struct {
 	opts Options
 	log  zerolog.Logger
 	cli  *clientv3.Client
-	pfx  string // "<prefix>/<run id>/"
+	kv   retryKV // cli's, with requests made again while they fail
+	pfx  string  // "<prefix>/<run id>/"
 	self member
 
 	life context.Context // done once Close begins
@@ -208,6 +209,7 @@ func New(cli *clientv3.Client, opts Options) *Handler {
 		opts: opts,
 		log:  opts.Logger.With().Str("run", opts.RunID).Str("node", opts.NodeID).Logger(),
 		cli:  cli,
+		kv:   retryKV{cli},
 		pfx:  strings.TrimSuffix(opts.Prefix, "/") + "/" + opts.RunID + "/",
 		self: member{ID: opts.NodeID, Host: opts.Host, Addr: opts.Addr, NProc: opts.NProc, Rank: opts.NodeRank},
 	}
@@ -243,7 +245,7 @@ func (h *Handler) request(ctx context.Context) (context.Context, context.CancelF
 
 // unreachable wraps the error of a request that etcd did not answer.
 func (h *Handler) unreachable(ctx context.Context, op string, err error) error {
-	if ctx.Err() == nil && errors.Is(err, context.DeadlineExceeded) {
+	if ctx.Err() == nil {
 		return fmt.Errorf("rendezvous/etcd: %s: no answer from a quorum of etcd members %s within %v: %w",
 			op, strings.Join(h.cli.Endpoints(), ","), h.opts.RequestTimeout, err)
 	}
@@ -270,7 +272,11 @@ func (h *Handler) ensureLease(ctx context.Context) (clientv3.LeaseID, error) {
 	}
 	rctx, cancel := h.request(ctx)
 	defer cancel()
-	g, err := h.cli.Grant(rctx, int64((h.opts.LeaseTTL+time.Second-1)/time.Second))
+	var g *clientv3.LeaseGrantResponse
+	err := retry(rctx, func(ctx context.Context) (err error) {
+		g, err = h.cli.Grant(ctx, int64((h.opts.LeaseTTL+time.Second-1)/time.Second))
+		return err
+	})
 	if err != nil {
 		return 0, h.unreachable(ctx, "grant a lease", err)
 	}
@@ -281,26 +287,59 @@ func (h *Handler) ensureLease(ctx context.Context) (clientv3.LeaseID, error) {
 	h.mu.Lock()
 	h.lease = g.ID
 	h.mu.Unlock()
-	go func() {
+	go h.keepLease(g.ID, ka)
+	return g.ID, nil
+}
+
+// keepLease follows the keep-alives of lease id until Close. When they
+// stop, etcd answered none for a TTL: the leader may have died, and the
+// client lost its stream while the others elected a new one (which
+// renews every lease), or the cluster lost its quorum, or this node was
+// cut off. It asks etcd, for one TTL more, whether the lease lives: if so
+// it keeps it alive again, and the round goes on; if not, or if no quorum
+// answers, this node is out of its round (the others learn it from its
+// keys, which lapse with the lease), and the next Next grants a new lease.
+func (h *Handler) keepLease(id clientv3.LeaseID, ka <-chan *clientv3.LeaseKeepAliveResponse) {
+	for {
 		for range ka {
 		}
+		if h.life.Err() != nil {
+			return
+		}
+		ctx, cancel := context.WithTimeout(h.life, h.opts.LeaseTTL)
+		var ttl *clientv3.LeaseTimeToLiveResponse
+		err := retry(ctx, func(ctx context.Context) (err error) {
+			ttl, err = h.cli.TimeToLive(ctx, id)
+			return err
+		})
+		cancel()
+		if err == nil && ttl.TTL > 0 {
+			if ka, err = h.cli.KeepAlive(h.life, id); err == nil {
+				h.log.Info().Msg("etcd answers again: this node's lease lives on")
+				continue
+			}
+		}
+		reason := fmt.Sprintf("node %s on %s lost its etcd lease: no etcd quorum answered for %v",
+			h.opts.NodeID, h.opts.Host, h.opts.LeaseTTL)
+		if err == nil {
+			reason = fmt.Sprintf("node %s on %s lost its etcd lease: it expired", h.opts.NodeID, h.opts.Host)
+		}
 		h.mu.Lock()
-		closing := h.life.Err() != nil
-		if h.lease == g.ID && !closing {
+		if h.life.Err() != nil {
+			h.mu.Unlock()
+			return
+		}
+		if h.lease == id {
 			h.lease = 0
 		}
 		ri := h.round
 		h.mu.Unlock()
-		if !closing {
-			reason := fmt.Sprintf("node %s on %s lost its etcd lease: no etcd quorum answered for %v",
-				h.opts.NodeID, h.opts.Host, h.opts.LeaseTTL)
-			h.log.Warn().Msg(reason)
-			if ri != nil {
-				ri.End(reason)
-			}
+		h.log.Warn().Msg(reason)
+		if ri != nil {
+			ri.End(reason)
 		}
-	}()
-	return g.ID, nil
+		return
+	}
 }
 
 // readState reads the job's state, opening round 0 if the job is new.
@@ -308,7 +347,7 @@ func (h *Handler) readState(ctx context.Context) (jobState, int64, error) {
 	rctx, cancel := h.request(ctx)
 	defer cancel()
 	k := h.k(keyState)
-	t, err := h.cli.Txn(rctx).If(clientv3.Compare(clientv3.CreateRevision(k), "=", 0)).
+	t, err := h.kv.Txn(rctx).If(clientv3.Compare(clientv3.CreateRevision(k), "=", 0)).
 		Then(clientv3.OpPut(k, jobState{}.String())).Else(clientv3.OpGet(k)).Commit()
 	if err != nil {
 		return jobState{}, 0, h.unreachable(ctx, "read the job's state", err)
@@ -327,7 +366,7 @@ func (h *Handler) advance(ctx context.Context, from, to jobState, reason string)
 	rctx, cancel := h.request(ctx)
 	defer cancel()
 	k := h.k(keyState)
-	t, err := h.cli.Txn(rctx).If(clientv3.Compare(clientv3.Value(k), "=", from.String())).
+	t, err := h.kv.Txn(rctx).If(clientv3.Compare(clientv3.Value(k), "=", from.String())).
 		Then(clientv3.OpPut(k, to.String()), clientv3.OpPut(h.k(roundKey(from.round, "superseded")), reason)).
 		Else(clientv3.OpGet(k)).Commit()
 	if err != nil {
@@ -344,7 +383,7 @@ func (h *Handler) advance(ctx context.Context, from, to jobState, reason string)
 func (h *Handler) reason(ctx context.Context, r int) string {
 	rctx, cancel := context.WithTimeout(ctx, h.opts.CloseTimeout)
 	defer cancel()
-	if resp, err := h.cli.Get(rctx, h.k(roundKey(r, "superseded"))); err == nil && len(resp.Kvs) > 0 {
+	if resp, err := h.kv.Get(rctx, h.k(roundKey(r, "superseded"))); err == nil && len(resp.Kvs) > 0 {
 		return string(resp.Kvs[0].Value)
 	}
 	return fmt.Sprintf("round %d was superseded", r)

@@ -64,7 +64,7 @@ func (h *Handler) withdrawAbandoned(ctx context.Context) {
 	}
 	wctx, cancel := context.WithTimeout(ctx, h.opts.CloseTimeout)
 	defer cancel()
-	if _, err := h.cli.Delete(wctx, key); err != nil {
+	if _, err := h.kv.Delete(wctx, key); err != nil {
 		h.log.Warn().Err(err).Msg("could not withdraw an abandoned join")
 	}
 }
@@ -90,7 +90,7 @@ func (h *Handler) leaveRound(ctx context.Context) (jobState, error) {
 	if key != "" {
 		// The round is over: its key only kept this node in it.
 		rctx, cancel := h.request(ctx)
-		_, _ = h.cli.Delete(rctx, key)
+		_, _ = h.kv.Delete(rctx, key)
 		cancel()
 	}
 	return st, nil
@@ -108,7 +108,7 @@ type snapshot struct {
 func (h *Handler) snapshot(ctx context.Context, r int) (snapshot, error) {
 	rctx, cancel := h.request(ctx)
 	defer cancel()
-	t, err := h.cli.Txn(rctx).Then(
+	t, err := h.kv.Txn(rctx).Then(
 		clientv3.OpGet(h.k(keyState)),
 		clientv3.OpGet(h.k(nodesKey(r)), clientv3.WithPrefix(), clientv3.WithCountOnly()),
 		clientv3.OpGet(h.k(callKey(r)), clientv3.WithPrefix()),
@@ -147,7 +147,7 @@ func (h *Handler) join(ctx context.Context, st jobState, lease clientv3.LeaseID,
 	key := h.k(nodeKey(r, o.NodeID))
 	me, _ := json.Marshal(h.self)
 	rctx, cancel := h.request(ctx)
-	t, err := h.cli.Txn(rctx).If(clientv3.Compare(clientv3.Value(h.k(keyState)), "=", st.String())).
+	t, err := h.kv.Txn(rctx).If(clientv3.Compare(clientv3.Value(h.k(keyState)), "=", st.String())).
 		Then(clientv3.OpPut(key, string(me), clientv3.WithLease(lease)),
 			clientv3.OpGet(h.k(nodesKey(r)), clientv3.WithPrefix(), clientv3.WithCountOnly())).Commit()
 	cancel()
@@ -240,7 +240,7 @@ func (h *Handler) openLastCall(ctx context.Context, r int) {
 	rctx, cancel := h.request(ctx)
 	defer cancel()
 	k := h.k(lastCallKey(r))
-	_, _ = h.cli.Txn(rctx).If(clientv3.Compare(clientv3.CreateRevision(k), "=", 0)).Then(clientv3.OpPut(k, "")).Commit()
+	_, _ = h.kv.Txn(rctx).If(clientv3.Compare(clientv3.CreateRevision(k), "=", 0)).Then(clientv3.OpPut(k, "")).Commit()
 }
 
 // awaitChange watches, from revision rev+1, the job's state and, unless
@@ -275,7 +275,7 @@ func (h *Handler) decide(ctx context.Context, st jobState, void bool) error {
 	defer cancel()
 	var ro roster
 	if !void {
-		resp, err := h.cli.Get(rctx, h.k(nodesKey(r)), clientv3.WithPrefix(),
+		resp, err := h.kv.Get(rctx, h.k(nodesKey(r)), clientv3.WithPrefix(),
 			clientv3.WithSort(clientv3.SortByCreateRevision, clientv3.SortAscend), clientv3.WithLimit(int64(o.MaxNodes)))
 		if err != nil {
 			return h.unreachable(ctx, fmt.Sprintf("decide round %d", r), err)
@@ -297,7 +297,7 @@ func (h *Handler) decide(ctx context.Context, st jobState, void bool) error {
 		return err
 	}
 	k := h.k(finalKey(r))
-	_, err = h.cli.Txn(rctx).If(clientv3.Compare(clientv3.CreateRevision(k), "=", 0),
+	_, err = h.kv.Txn(rctx).If(clientv3.Compare(clientv3.CreateRevision(k), "=", 0),
 		clientv3.Compare(clientv3.Value(h.k(keyState)), "=", st.String())).
 		Then(clientv3.OpPut(k, string(b))).Commit()
 	if err != nil {
@@ -318,7 +318,7 @@ func (h *Handler) giveUp(ctx context.Context, key string) {
 	}
 	wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), h.opts.CloseTimeout)
 	defer cancel()
-	_, _ = h.cli.Delete(wctx, key)
+	_, _ = h.kv.Delete(wctx, key)
 }
 
 // takePart makes this node's round from the roster it read at rev, and
@@ -469,7 +469,7 @@ func (h *Handler) leave(ctx context.Context) error {
 			err = errors.Join(err, fmt.Errorf("rendezvous/etcd: revoke this node's lease: %w", rerr))
 		}
 	} else if abandoned != "" {
-		_, _ = h.cli.Delete(ctx, abandoned)
+		_, _ = h.kv.Delete(ctx, abandoned)
 	}
 	return err
 }

@@ -18,12 +18,13 @@ import (
 // It does not own the client: Close does nothing.
 type Store struct {
 	cli    *clientv3.Client
+	kv     retryKV
 	prefix string
 }
 
 // NewStore returns the store of the keys under prefix.
 func NewStore(cli *clientv3.Client, prefix string) *Store {
-	return &Store{cli: cli, prefix: prefix}
+	return &Store{cli: cli, kv: retryKV{cli}, prefix: prefix}
 }
 
 var _ rendezvous.Store = (*Store)(nil)
@@ -35,7 +36,7 @@ func opError(op string, key string, err error) error {
 }
 
 func (s *Store) Set(ctx context.Context, key string, value []byte) error {
-	if _, err := s.cli.Put(ctx, s.k(key), string(value)); err != nil {
+	if _, err := s.kv.Put(ctx, s.k(key), string(value)); err != nil {
 		return opError("set", s.k(key), err)
 	}
 	return nil
@@ -63,7 +64,7 @@ func withDefaultTimeout(ctx context.Context) (context.Context, context.CancelFun
 // await returns key's value once it exists (key is absolute).
 func (s *Store) await(ctx context.Context, key string) ([]byte, error) {
 	for {
-		resp, err := s.cli.Get(ctx, key)
+		resp, err := s.kv.Get(ctx, key)
 		if err != nil {
 			return nil, waitErr(ctx, err)
 		}
@@ -130,7 +131,7 @@ func (s *Store) Append(ctx context.Context, key string, value []byte) error {
 // revision it read, again until no one else wrote in between.
 func (s *Store) update(ctx context.Context, key string, f func(old []byte) ([]byte, error)) error {
 	for {
-		resp, err := s.cli.Get(ctx, key)
+		resp, err := s.kv.Get(ctx, key)
 		if err != nil {
 			return err
 		}
@@ -143,7 +144,7 @@ func (s *Store) update(ctx context.Context, key string, f func(old []byte) ([]by
 		if err != nil {
 			return err
 		}
-		t, err := s.cli.Txn(ctx).If(clientv3.Compare(clientv3.ModRevision(key), "=", rev)).
+		t, err := s.kv.Txn(ctx).If(clientv3.Compare(clientv3.ModRevision(key), "=", rev)).
 			Then(clientv3.OpPut(key, string(v))).Commit()
 		if err != nil {
 			return err
@@ -160,7 +161,7 @@ func (s *Store) CompareSet(ctx context.Context, key string, expected, desired []
 	if len(expected) == 0 {
 		cond = clientv3.Compare(clientv3.CreateRevision(k), "=", 0)
 	}
-	t, err := s.cli.Txn(ctx).If(cond).Then(clientv3.OpPut(k, string(desired))).Else(clientv3.OpGet(k)).Commit()
+	t, err := s.kv.Txn(ctx).If(cond).Then(clientv3.OpPut(k, string(desired))).Else(clientv3.OpGet(k)).Commit()
 	if err != nil {
 		return nil, opError("compare_set", k, err)
 	}
@@ -175,7 +176,7 @@ func (s *Store) CompareSet(ctx context.Context, key string, expected, desired []
 
 func (s *Store) Check(ctx context.Context, keys []string) (bool, error) {
 	for _, key := range keys {
-		resp, err := s.cli.Get(ctx, s.k(key), clientv3.WithCountOnly())
+		resp, err := s.kv.Get(ctx, s.k(key), clientv3.WithCountOnly())
 		if err != nil {
 			return false, opError("check", s.k(key), err)
 		}
@@ -192,7 +193,7 @@ func (s *Store) Wait(ctx context.Context, keys []string) error {
 }
 
 func (s *Store) Delete(ctx context.Context, key string) (bool, error) {
-	resp, err := s.cli.Delete(ctx, s.k(key))
+	resp, err := s.kv.Delete(ctx, s.k(key))
 	if err != nil {
 		return false, opError("delete_key", s.k(key), err)
 	}
@@ -200,7 +201,7 @@ func (s *Store) Delete(ctx context.Context, key string) (bool, error) {
 }
 
 func (s *Store) NumKeys(ctx context.Context) (int64, error) {
-	resp, err := s.cli.Get(ctx, s.prefix, clientv3.WithPrefix(), clientv3.WithCountOnly())
+	resp, err := s.kv.Get(ctx, s.prefix, clientv3.WithPrefix(), clientv3.WithCountOnly())
 	if err != nil {
 		return 0, opError("num_keys", s.prefix, err)
 	}
@@ -234,7 +235,7 @@ func (s *Store) MultiSet(ctx context.Context, keys []string, values [][]byte) er
 		for i := range n {
 			ops[i] = clientv3.OpPut(s.k(keys[i]), string(values[i]))
 		}
-		if _, err := s.cli.Txn(ctx).Then(ops...).Commit(); err != nil {
+		if _, err := s.kv.Txn(ctx).Then(ops...).Commit(); err != nil {
 			return &rendezvous.OpError{Op: "multi_set", Keys: keys, Err: err}
 		}
 		keys, values = keys[n:], values[n:]
