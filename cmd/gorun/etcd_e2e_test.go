@@ -197,3 +197,52 @@ func TestEtcdTLS(t *testing.T) {
 		t.Fatalf("want exit 69 without a client certificate, got:\n%s", j)
 	}
 }
+
+// A node cut off from etcd (network namespaces stand in for the hosts;
+// the etcd members are on the bridge's host) loses its lease: the others
+// form a round without it and finish, while its agent says it lost etcd,
+// stops its workers and exits 69. The node cut off is group rank 0, the
+// one that hosted the workers' store.
+func TestEtcdNodeCutOff(t *testing.T) {
+	etcdtest.Need(t)
+	h := newHosts(t, 3)
+	c := etcdtest.Start(t, etcdtest.Options{Host: h.subnet + ".1"})
+	dir := t.TempDir()
+	args := []string{
+		"--nnodes", "2:3", "--nproc-per-node", "1", "--rdzv-backend", "etcd", "--rdzv-id", t.Name(),
+		"--rdzv-endpoint", strings.Join(c.Endpoints(), ","),
+		"--rdzv-conf", fmt.Sprintf("last_call_timeout=1,lease_ttl=%d,read_timeout=5,close_timeout=2", etcdLeaseTTL),
+		bin("elastic"), "-steps", "600", "-step-delay", "20ms", "-every", "10", "-log-every", "10",
+		"-checkpoint", filepath.Join(dir, "ckpt"),
+	}
+	t.Setenv("GORUN_TRANSPORT", "tcp")
+	agents := []*agent{startAgentOn(t, h, 1, args...), startAgentOn(t, h, 2, args...), startAgentOn(t, h, 3, args...)}
+	if !waitFor(60*time.Second, func() bool { return strings.Contains(allOutput(agents), "world 3 restart 0") }) {
+		t.Fatalf("no round of 3 nodes:\n%s", allOutput(agents))
+	}
+	cut := -1
+	for i, a := range agents {
+		if regexp.MustCompile(`rendezvous complete.*node_rank=0`).MatchString(a.out.String()) {
+			cut = i
+		}
+	}
+	if cut < 0 {
+		t.Fatalf("no agent says it is group rank 0:\n%s", allOutput(agents))
+	}
+	// Host cut+1 drops whatever the etcd members send it.
+	h.ip("-n", h.names[cut], "rule", "add", "pref", "101", "from", h.subnet+".1", "blackhole")
+	for i, a := range agents {
+		code := a.wait(t, 90*time.Second)
+		out := a.out.String()
+		switch {
+		case i == cut && (code != 69 || !strings.Contains(out, "lost its etcd lease")):
+			t.Errorf("the cut agent exited %d; want 69, saying it lost etcd:\n%s", code, out)
+		case i != cut && code != 0:
+			t.Errorf("agent %d exited %d:\n%s", i, code, out)
+		}
+	}
+	if all := allOutput(agents); !strings.Contains(all, "finished 600 steps with world 2 after 0 restarts") ||
+		!strings.Contains(all, "is gone: it left, or its etcd lease lapsed") {
+		t.Errorf("the others did not go on without the cut node:\n%s", all)
+	}
+}
