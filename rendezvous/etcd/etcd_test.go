@@ -104,9 +104,14 @@ func TestRoundsOnEtcd(t *testing.T) {
 		}
 	}
 	t.Logf("a lost node was noticed after %v (lease TTL %v)", time.Since(start), hs[1].opts.LeaseTTL)
+	before := []int{hs[1].Current().GroupRank, hs[2].Current().GroupRank}
 	rounds = nextAll(t, hs[1:])
 	if rounds[0].GroupWorldSize != 2 || rounds[0].GroupRank == rounds[1].GroupRank {
 		t.Fatalf("re-formed rounds: %+v %+v", rounds[0], rounds[1])
+	}
+	// The survivors keep their order, whichever arrived first this time.
+	if (before[0] < before[1]) != (rounds[0].GroupRank < rounds[1].GroupRank) {
+		t.Fatalf("group ranks %v became %d, %d", before, rounds[0].GroupRank, rounds[1].GroupRank)
 	}
 
 	// A failure spends the job's one restart; the next spends the rest.

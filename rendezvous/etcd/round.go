@@ -289,6 +289,11 @@ func (h *Handler) decide(ctx context.Context, st jobState, void bool) error {
 				return fmt.Errorf("rendezvous/etcd: member %s of round %d: %w", kv.Key, r, err)
 			}
 			ms[i].arrival = kv.CreateRevision
+			if ms[i].Since == 0 {
+				// First time in a round: where it arrived places it,
+				// in this round and the next.
+				ms[i].Since = kv.CreateRevision
+			}
 		}
 		ro = roster{Rev: resp.Header.Revision, Nodes: order(ms)}
 	}
@@ -329,7 +334,7 @@ func (h *Handler) takePart(st jobState, ro roster, rev int64) (*rendezvous.Round
 	ri := rendezvous.NewRoundInfo(st.round, st.restarts, p.groupRank, len(ro.Nodes), p.firstRank, p.worldSize)
 	h.mu.Lock()
 	if h.self.Since == 0 {
-		h.self.Since = ro.Rev
+		h.self.Since = ro.Nodes[p.groupRank].Since
 	}
 	h.round, h.state, h.roster = ri, st, ro
 	h.stopWatch = h.watchRound(ri, st, ro, rev)

@@ -103,9 +103,9 @@ type member struct {
 	NProc int    `json:"nproc"`
 	// Rank is the node rank the node asked for, or -1.
 	Rank int `json:"rank"`
-	// Since is the revision at which the node first took part (0: not
-	// yet): ordering by it keeps the nodes that stay in the same relative
-	// order from round to round.
+	// Since is the create revision of the node's key in the first round
+	// it took part in (0: none yet): ordering by it keeps the nodes that
+	// stay in the same relative order from round to round.
 	Since int64 `json:"since"`
 	// arrival is the create revision of the node's key in this round.
 	arrival int64
