@@ -246,3 +246,93 @@ func TestEtcdNodeCutOff(t *testing.T) {
 		t.Errorf("the others did not go on without the cut node:\n%s", all)
 	}
 }
+
+// What c10d does, etcd does: a late joiner grows the job, a worker
+// failure spends the one budget of the job, both nodes name the root
+// cause once it is spent, and one node's Ctrl-C does not end the job for
+// the others.
+func TestEtcdAdmitsANewNode(t *testing.T) {
+	c := etcdtest.Start(t, etcdtest.Options{})
+	dir := t.TempDir()
+	args := append(etcdJob(t, c, "2:3"), bin("elastic"), "-steps", "200", "-step-delay", "20ms", "-every", "10",
+		"-checkpoint", filepath.Join(dir, "ckpt"), "-log-every", "10")
+	first := []*agent{startAgent(t, args...), startAgent(t, args...)}
+	checkpointed := regexp.MustCompile(`step [2-9]0 loss \S+ world 4 restart 0`)
+	if !waitFor(60*time.Second, func() bool { return checkpointed.MatchString(allOutput(first)) }) {
+		t.Fatalf("no round of 2 nodes:\n%s", allOutput(first))
+	}
+	late := startAgent(t, args...)
+	agents := append(first, late)
+	for i, a := range agents {
+		if code := a.wait(t, 90*time.Second); code != 0 {
+			t.Fatalf("agent %d exited %d:\n%s", i, code, a.out.String())
+		}
+	}
+	all := allOutput(agents)
+	if !regexp.MustCompile(`resumed from step \d+ \(checkpoint written by world 4\) with world 6`).MatchString(all) ||
+		!strings.Contains(all, "finished 200 steps with world 6 after 0 restarts") || !strings.Contains(all, "waits to join") {
+		t.Errorf("the job did not grow to 3 nodes:\n%s", all)
+	}
+}
+
+func TestEtcdGlobalRestartBudget(t *testing.T) {
+	c := etcdtest.Start(t, etcdtest.Options{})
+	for _, budget := range []string{"1", "0"} {
+		t.Run("max-restarts="+budget, func(t *testing.T) {
+			dir := t.TempDir()
+			args := append(etcdJob(t, c, "2", "--max-restarts", budget), bin("elastic"), "-steps", "60", "-every", "10",
+				"-checkpoint", filepath.Join(dir, "ckpt"), "-log-every", "10",
+				"-fail-at-step", "35", "-fail-rank", "3", "-fail-code", "7")
+			agents := []*agent{startAgent(t, args...), startAgent(t, args...)}
+			codes := []int{agents[0].wait(t, 90*time.Second), agents[1].wait(t, 90*time.Second)}
+			all := allOutput(agents)
+			if budget == "1" {
+				if codes[0] != 0 || codes[1] != 0 || !strings.Contains(all, "finished 60 steps with world 4 after 1 restarts") {
+					t.Fatalf("want both agents to finish after one restart, got %v:\n%s", codes, all)
+				}
+				return
+			}
+			for i, a := range agents {
+				out := a.out.String()
+				if codes[i] != 7 || !strings.Contains(out, "Root Cause") {
+					t.Fatalf("agent %d: want exit 7 with a report, got %d:\n%s", i, codes[i], out)
+				}
+				root := out[strings.Index(out, "Root Cause"):]
+				if !strings.Contains(root[:strings.Index(root, "exitcode")], "rank      : 3 (local_rank: 1)") {
+					t.Errorf("agent %d does not name rank 3 as the root cause:\n%s", i, out)
+				}
+			}
+		})
+	}
+}
+
+func TestEtcdInterruptedNodeLeaves(t *testing.T) {
+	c := etcdtest.Start(t, etcdtest.Options{})
+	dir := t.TempDir()
+	args := append(etcdJob(t, c, "2:3"), bin("elastic"), "-steps", "300", "-step-delay", "20ms", "-every", "10",
+		"-checkpoint", filepath.Join(dir, "ckpt"), "-log-every", "10")
+	agents := []*agent{startAgent(t, args...), startAgent(t, args...), startAgent(t, args...)}
+	if !waitFor(60*time.Second, func() bool { return strings.Contains(allOutput(agents), "world 6 restart 0") }) {
+		t.Fatalf("no round of 3 nodes:\n%s", allOutput(agents))
+	}
+	agents[1].cmd.Process.Signal(syscall.SIGINT)
+	left := time.Now()
+	if code := agents[1].wait(t, 30*time.Second); code != 130 {
+		t.Fatalf("the interrupted agent exited %d, want 130:\n%s", code, agents[1].out.String())
+	}
+	// It left: the others need not wait out its lease.
+	if !waitFor(60*time.Second, func() bool { return strings.Contains(allOutput(agents), "with world 4") }) {
+		t.Fatalf("no round without the node that left:\n%s", allOutput(agents))
+	}
+	if took := time.Since(left); took > etcdLeaseTTL*time.Second {
+		t.Errorf("the others re-formed %v after the node left, no sooner than its lease would lapse", took)
+	}
+	for _, i := range []int{0, 2} {
+		if code := agents[i].wait(t, 90*time.Second); code != 0 {
+			t.Fatalf("agent %d exited %d:\n%s", i, code, agents[i].out.String())
+		}
+	}
+	if all := allOutput(agents); !regexp.MustCompile(`node \S+ on \S+ left`).MatchString(all) {
+		t.Errorf("no node says the interrupted one left:\n%s", all)
+	}
+}
