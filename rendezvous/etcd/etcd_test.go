@@ -276,3 +276,43 @@ func TestTLS(t *testing.T) {
 		t.Fatal("joined without a client certificate")
 	}
 }
+
+// A node that finds the round full waits as a spare, and takes the place
+// of a node that leaves.
+func TestSpare(t *testing.T) {
+	c := etcdtest.Start(t, etcdtest.Options{})
+	opts := func(n int) Options {
+		o := testOptions("spare", n)
+		o.MaxNodes = 2
+		return o
+	}
+	hs := []*Handler{newHandler(t, c, opts(0)), newHandler(t, c, opts(1))}
+	nextAll(t, hs)
+	spare := newHandler(t, c, opts(2))
+	got := make(chan error, 1)
+	go func() {
+		_, err := spare.Next(context.Background())
+		got <- err
+	}()
+	// The spare must not disturb the full round.
+	select {
+	case <-hs[0].Current().Changed():
+		t.Fatalf("a spare changed the full round: %s", hs[0].Current().Reason())
+	case err := <-got:
+		t.Fatalf("the spare got a place in a full round: %v", err)
+	case <-time.After(time.Second):
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	if err := hs[1].Leave(ctx); err != nil {
+		t.Fatal(err)
+	}
+	awaitChanged(t, hs[0].Current(), 5*time.Second)
+	nextAll(t, hs[:1])
+	if err := <-got; err != nil {
+		t.Fatal(err)
+	}
+	if n := spare.Current().GroupWorldSize; n != 2 {
+		t.Fatalf("the spare's round has %d nodes, want 2", n)
+	}
+}
