@@ -347,6 +347,11 @@ func (h *Handler) readState(ctx context.Context) (jobState, int64, error) {
 	rctx, cancel := h.request(ctx)
 	defer cancel()
 	k := h.k(keyState)
+	// A read, which raft need not carry, unless the job is new.
+	if g, err := h.kv.Get(rctx, k); err == nil && len(g.Kvs) > 0 {
+		st, err := parseJobState(g.Kvs[0].Value)
+		return st, g.Header.Revision, err
+	}
 	t, err := h.kv.Txn(rctx).If(clientv3.Compare(clientv3.CreateRevision(k), "=", 0)).
 		Then(clientv3.OpPut(k, jobState{}.String())).Else(clientv3.OpGet(k)).Commit()
 	if err != nil {
