@@ -312,10 +312,12 @@ func (a *Agent) interrupted(sig syscall.Signal, restarts int) *Result {
 	return &Result{ExitCode: 128 + int(sig), Restarts: restarts, Interrupted: name}
 }
 
-// membership wraps the agent's rendezvous handler.
+// membership wraps the agent's rendezvous handler: any elastic one
+// (c10d, etcd, or another backend) by what rendezvous.Elastic promises,
+// any other as the static rendezvous.
 func (a *Agent) membership(h rendezvous.Handler) membership {
-	if d, ok := h.(*rendezvous.Dynamic); ok {
-		return &dynamicMembership{d: d, exitTimeout: a.spec.ExitBarrierTimeout}
+	if e, ok := h.(rendezvous.Elastic); ok {
+		return &elasticMembership{d: e, exitTimeout: a.spec.ExitBarrierTimeout}
 	}
 	return newStaticMembership(h, &a.spec, a.log)
 }

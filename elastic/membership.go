@@ -191,15 +191,15 @@ func arriveAtExit(ctx context.Context, store rendezvous.Store, nodes int) error 
 	return store.Set(ctx, exitBarrierPrefix+"last_member", []byte("<val_ignored>"))
 }
 
-// dynamicMembership runs the elastic rendezvous: rounds of MinNodes to
-// MaxNodes nodes, re-formed when a node dies or arrives, and one restart
-// budget for the whole job.
-type dynamicMembership struct {
-	d           *rendezvous.Dynamic
+// elasticMembership runs an elastic rendezvous (c10d's Dynamic, etcd's
+// handler): rounds of MinNodes to MaxNodes nodes, re-formed when a node
+// dies or arrives, and one restart budget for the whole job.
+type elasticMembership struct {
+	d           rendezvous.Elastic
 	exitTimeout time.Duration
 }
 
-func (m *dynamicMembership) next(ctx context.Context) (*round, error) {
+func (m *elasticMembership) next(ctx context.Context) (*round, error) {
 	rd, err := m.d.Next(ctx)
 	if err != nil {
 		return nil, err
@@ -218,11 +218,11 @@ func (m *dynamicMembership) next(ctx context.Context) (*round, error) {
 	}, nil
 }
 
-func (m *dynamicMembership) fail(ctx context.Context, fs []Failure) (bool, error) {
+func (m *elasticMembership) fail(ctx context.Context, fs []Failure) (bool, error) {
 	return m.d.Fail(ctx, encodeFailures(fs))
 }
 
-func (m *dynamicMembership) awaitAlive(ctx context.Context) <-chan struct{} {
+func (m *elasticMembership) awaitAlive(ctx context.Context) <-chan struct{} {
 	alive := make(chan struct{})
 	go func() {
 		if m.d.AwaitAlive(ctx) {
@@ -232,7 +232,7 @@ func (m *dynamicMembership) awaitAlive(ctx context.Context) <-chan struct{} {
 	return alive
 }
 
-func (m *dynamicMembership) weigh(ctx context.Context) func() {
+func (m *elasticMembership) weigh(ctx context.Context) func() {
 	end, err := m.d.Weigh(ctx)
 	if err != nil {
 		// The others then wait out their grace for this node's report.
@@ -241,7 +241,7 @@ func (m *dynamicMembership) weigh(ctx context.Context) func() {
 	return end
 }
 
-func (m *dynamicMembership) failures(ctx context.Context, grace time.Duration) ([]Failure, error) {
+func (m *elasticMembership) failures(ctx context.Context, grace time.Duration) ([]Failure, error) {
 	if err := m.d.AwaitReports(ctx, grace); err != nil {
 		return nil, err
 	}
@@ -260,7 +260,7 @@ func (m *dynamicMembership) failures(ctx context.Context, grace time.Duration) (
 	return all, nil
 }
 
-func (m *dynamicMembership) done(ctx context.Context) error {
+func (m *elasticMembership) done(ctx context.Context) error {
 	err := m.d.Done(ctx, m.exitTimeout)
 	if errors.Is(err, rendezvous.ErrJobEnded) {
 		return nil
@@ -268,6 +268,6 @@ func (m *dynamicMembership) done(ctx context.Context) error {
 	return err
 }
 
-func (m *dynamicMembership) leave(ctx context.Context, _ string) error { return m.d.Leave(ctx) }
+func (m *elasticMembership) leave(ctx context.Context, _ string) error { return m.d.Leave(ctx) }
 
-func (m *dynamicMembership) close() error { return m.d.Close() }
+func (m *elasticMembership) close() error { return m.d.Close() }

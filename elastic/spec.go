@@ -32,10 +32,12 @@ type Spec struct {
 	Role         string
 	RunID        string
 
-	// Backend is the rendezvous: "static" or "c10d" (dynamic).
+	// Backend is the rendezvous: "static", "c10d" (dynamic) or "etcd".
 	Backend string
-	// Dynamic configures the c10d rendezvous.
+	// Dynamic configures the c10d rendezvous, and the timings of etcd's.
 	Dynamic DynamicSpec
+	// Etcd says where the etcd rendezvous's cluster is.
+	Etcd EtcdSpec
 
 	// MasterAddr and MasterPort name the store of the static rendezvous.
 	// MasterPort 0 on a single node means: host it on an ephemeral port.
@@ -142,6 +144,22 @@ type DynamicSpec struct {
 	// Auth is the job's rendezvous secret, shared by its agents; nil
 	// leaves the store open, as torch's.
 	Auth *rendezvous.Auth
+}
+
+// EtcdSpec is the etcd cluster of --rdzv-backend etcd (--rdzv-endpoint,
+// --rdzv-conf protocol, cacert, cert, key, lease_ttl); its timeouts are
+// those of DynamicSpec.
+type EtcdSpec struct {
+	// Endpoints are the members, host:port.
+	Endpoints []string
+	// TLS speaks HTTPS to them (protocol=https), trusting CACert (empty:
+	// the system's CAs), with the client certificate Cert and its Key
+	// when the members ask for one.
+	TLS               bool
+	CACert, Cert, Key string
+	// LeaseTTL is how long a node's keys outlive it: how soon the others
+	// learn that it died or lost etcd.
+	LeaseTTL time.Duration
 }
 
 // Validate reports the first inconsistency in s, in the words of the flag

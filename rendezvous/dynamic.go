@@ -154,6 +154,15 @@ func (o DynamicOptions) withDefaults() DynamicOptions {
 // Next, Done and Fail are meant for the agent's loop, one call at a time;
 // Current, Nodes, Failures, Shutdown and Close may be called from any
 // goroutine.
+//
+// What it guarantees (torch's c10d backend): elastic rounds of MinNodes to
+// MaxNodes, a lost node noticed within HeartbeatInterval x HeartbeatMisses,
+// and nothing else to run. What it costs: the store lives in one agent
+// (HostsStore), so losing that node, or the network to it, ends the job
+// for everyone; and every node heartbeats to it, so that one process
+// carries the whole job's traffic. The etcd backend (package
+// rendezvous/etcd) keeps the same semantics without that single point of
+// failure, at the price of an etcd cluster.
 type Dynamic struct {
 	opts DynamicOptions
 	log  zerolog.Logger
@@ -257,6 +266,19 @@ func (ri *RoundInfo) Reason() string {
 		return ""
 	}
 }
+
+// NewRoundInfo returns the round of an Elastic handler other than
+// Dynamic, open until End.
+func NewRoundInfo(number, restarts, groupRank, groupWorldSize, firstRank, worldSize int) *RoundInfo {
+	return &RoundInfo{
+		Number: number, Restarts: restarts, GroupRank: groupRank, GroupWorldSize: groupWorldSize,
+		FirstRank: firstRank, WorldSize: worldSize, changed: make(chan struct{}),
+	}
+}
+
+// End closes Changed with reason, the first time only: the handler that
+// made the round saw it superseded.
+func (ri *RoundInfo) End(reason string) { ri.end(reason) }
 
 // end closes Changed with reason, the first time only.
 func (ri *RoundInfo) end(reason string) {

@@ -26,6 +26,11 @@ type StaticOptions struct {
 }
 
 // Static is torchrun's static rendezvous: no elasticity, one round.
+//
+// What it guarantees: the fixed --nnodes, each at the rank it was given,
+// and a restart budget of each node's own; it is a plain Handler, not an
+// Elastic one. What it costs: nothing but node 0's store, which every
+// node needs: lose node 0, or any node, and the job is over.
 type Static struct {
 	opts   StaticOptions
 	server *Server

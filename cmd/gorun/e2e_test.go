@@ -216,7 +216,7 @@ func TestMalformedFlagsAreRejected(t *testing.T) {
 		{[]string{"--local-ranks-filter", "7"}, "--local-ranks-filter"},
 		{[]string{"--signals-to-handle", "SIGFOO"}, "SIGFOO"},
 		{[]string{"--shutdown-timeout", "-1"}, "--shutdown-timeout"},
-		{[]string{"--rdzv-backend", "etcd"}, "--rdzv-backend"},
+		{[]string{"--rdzv-backend", "zookeeper"}, "--rdzv-backend"},
 		{[]string{"--log-format", "xml"}, "--log-format"},
 		{[]string{"--backend", "gloo"}, `--backend "gloo"`},
 		{[]string{"--bind-to", "socket"}, `--bind-to "socket"`},

@@ -7,11 +7,14 @@ package main
 import (
 	"cmp"
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"os"
 	"os/signal"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -22,6 +25,7 @@ import (
 	"github.com/gorun/gorun/elastic"
 	"github.com/gorun/gorun/launcher"
 	"github.com/gorun/gorun/rendezvous"
+	rendezvousetcd "github.com/gorun/gorun/rendezvous/etcd"
 )
 
 // Exit statuses of gorun itself; a finished job exits with its root
@@ -277,8 +281,11 @@ const leaveLinger = 300 * time.Millisecond
 // what to release once the job is over; release(true) lets the other
 // agents finish with a store this one hosts first.
 func newRendezvous(ctx context.Context, spec *elastic.Spec, log zerolog.Logger) (rendezvous.Handler, func(jobOver bool), error) {
-	if spec.Backend == "c10d" {
+	switch spec.Backend {
+	case "c10d":
 		return newDynamic(ctx, spec, log)
+	case "etcd":
+		return newEtcd(spec, log)
 	}
 	host := spec.MasterAddr
 	if spec.MaxNodes == 1 && spec.LocalAddr != "" {
@@ -341,6 +348,51 @@ func newDynamic(ctx context.Context, spec *elastic.Spec, log zerolog.Logger) (re
 		}
 		ep.Close(linger)
 	}, nil
+}
+
+// newEtcd returns the elastic rendezvous in the etcd cluster at
+// --rdzv-endpoint. This node advertises --local-addr, else the address it
+// reaches the first member from; as the round's group rank 0, it hosts the
+// workers' store there.
+func newEtcd(spec *elastic.Spec, log zerolog.Logger) (rendezvous.Handler, func(jobOver bool), error) {
+	e, d := spec.Etcd, spec.Dynamic
+	var tlsConfig *tls.Config
+	if e.TLS {
+		var err error
+		if tlsConfig, err = rendezvousetcd.TLSConfig(e.CACert, e.Cert, e.Key); err != nil {
+			return nil, nil, err
+		}
+	}
+	addr := spec.LocalAddr
+	if addr == "" {
+		host, portText, _ := net.SplitHostPort(e.Endpoints[0])
+		port, _ := strconv.Atoi(portText)
+		var err error
+		if addr, err = rendezvous.LocalAddrTowards(host, port); err != nil {
+			return nil, nil, err
+		}
+	}
+	cli, err := rendezvousetcd.Dial(e.Endpoints, tlsConfig)
+	if err != nil {
+		return nil, nil, err
+	}
+	h := rendezvousetcd.New(cli, rendezvousetcd.Options{
+		RunID:    spec.RunID,
+		MinNodes: spec.MinNodes, MaxNodes: spec.MaxNodes,
+		Host: spec.Host, Addr: addr,
+		NProc:           spec.NProcPerNode,
+		NodeRank:        spec.NodeRank,
+		StoreHost:       addr,
+		JoinTimeout:     d.JoinTimeout,
+		LastCallTimeout: d.LastCallTimeout,
+		CloseTimeout:    d.CloseTimeout,
+		LeaseTTL:        e.LeaseTTL,
+		RequestTimeout:  d.ReadTimeout,
+		MaxRestarts:     spec.MaxRestarts,
+		Logger:          log,
+	})
+	// The handler owns the client; Close closes both.
+	return h, func(bool) {}, nil
 }
 
 // stopOnStdinEOF returns the agent's signal channel: the signals of in,

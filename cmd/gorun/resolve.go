@@ -17,6 +17,7 @@ import (
 	"github.com/gorun/gorun/elastic"
 	"github.com/gorun/gorun/launcher"
 	"github.com/gorun/gorun/rendezvous"
+	rendezvousetcd "github.com/gorun/gorun/rendezvous/etcd"
 )
 
 // The command line becomes the agent's Spec in one pure step, resolve: the
@@ -312,6 +313,7 @@ func (r *resolver) rendezvous(s *elastic.Spec) {
 			s.Backend = "c10d"
 		}
 	}
+	_, timeoutSet := conf["timeout"]
 	s.StoreTimeout = c.seconds("timeout", s.StoreTimeout)
 	s.ExitBarrierTimeout = c.seconds("exit_barrier_timeout", 60*time.Second)
 	switch s.Backend {
@@ -346,8 +348,19 @@ func (r *resolver) rendezvous(s *elastic.Spec) {
 				r.note(zerolog.WarnLevel, "--%s has no effect with --rdzv-backend c10d: the store is at --rdzv-endpoint", inert)
 			}
 		}
+	case "etcd":
+		// torch's etcd rendezvous reads timeout as its join timeout.
+		s.Dynamic, s.Etcd = c.etcd(endpoint, s.StoreTimeout, timeoutSet)
+		if !f.IsSet("node-rank") && !nodeRankFromSlurm {
+			s.NodeRank = -1
+		}
+		for _, inert := range []string{"master-addr", "master-port"} {
+			if f.IsSet(inert) {
+				r.note(zerolog.WarnLevel, "--%s has no effect with --rdzv-backend etcd: the rendezvous is in etcd at --rdzv-endpoint", inert)
+			}
+		}
 	default:
-		r.fail(fmt.Errorf("--rdzv-backend %q: want static or c10d", s.Backend))
+		r.fail(fmt.Errorf("--rdzv-backend %q: want static, c10d or etcd", s.Backend))
 	}
 	c.rest(s.Backend)
 	if f.Bool("standalone") {
@@ -636,6 +649,59 @@ func (c *rdzvConf) dynamic(endpoint string) elastic.DynamicSpec {
 	return d
 }
 
+// etcd reads the etcd settings: the members (--rdzv-endpoint, any number,
+// comma-separated, port 2379 by default), torch's protocol, cacert, cert
+// and key, the rendezvous timeouts (join_timeout, else timeout as torch's
+// etcd rendezvous reads it), and lease_ttl.
+func (c *rdzvConf) etcd(endpoint string, timeout time.Duration, timeoutSet bool) (elastic.DynamicSpec, elastic.EtcdSpec) {
+	var e elastic.EtcdSpec
+	for _, ep := range strings.Split(cmp.Or(endpoint, "localhost:2379"), ",") {
+		host, port, err := splitEndpoint(strings.TrimSpace(ep), 2379)
+		if err != nil {
+			c.r.fail(err)
+			continue
+		}
+		e.Endpoints = append(e.Endpoints, net.JoinHostPort(host, strconv.Itoa(port)))
+	}
+	switch p, _ := c.take("protocol"); strings.ToLower(p) {
+	case "", "http":
+	case "https":
+		e.TLS = true
+	default:
+		c.r.fail(fmt.Errorf("--rdzv-conf protocol=%q: want http or https", p))
+	}
+	e.CACert, _ = c.take("cacert")
+	e.Cert, _ = c.take("cert")
+	e.Key, _ = c.take("key")
+	if (e.Cert == "") != (e.Key == "") {
+		c.r.fail(errors.New("--rdzv-conf cert and key: a client certificate needs both"))
+	}
+	if !e.TLS && (e.CACert != "" || e.Cert != "") {
+		c.r.fail(errors.New("--rdzv-conf cacert, cert and key need protocol=https"))
+	}
+	e.LeaseTTL = c.seconds("lease_ttl", rendezvousetcd.DefaultLeaseTTL, "ttl")
+	if e.LeaseTTL < time.Second {
+		c.r.fail(fmt.Errorf("--rdzv-conf lease_ttl=%v: etcd counts leases in whole seconds; want at least 1", e.LeaseTTL))
+	}
+	join := rendezvous.DefaultJoinTimeout
+	if timeoutSet {
+		join = timeout
+	}
+	var d elastic.DynamicSpec
+	d.JoinTimeout = c.seconds("join_timeout", join)
+	d.LastCallTimeout = c.seconds("last_call_timeout", rendezvous.DefaultLastCallTimeout)
+	d.CloseTimeout = c.seconds("close_timeout", rendezvous.DefaultCloseTimeout)
+	d.ReadTimeout = c.seconds("read_timeout", rendezvousetcd.DefaultRequestTimeout)
+	// A lost node is known one lease TTL after it died; a failure its
+	// death caused elsewhere must wait that long before it spends a
+	// restart.
+	d.FailureGrace = c.seconds("failure_grace", 2*e.LeaseTTL)
+	return d, e
+}
+
+// etcdKeys are the --rdzv-conf keys only etcd reads.
+var etcdKeys = []string{"protocol", "cacert", "cert", "key", "lease_ttl", "ttl"}
+
 // c10dKeys are the --rdzv-conf keys only c10d reads, torch's and gorun's.
 var c10dKeys = []string{
 	"join_timeout", "last_call_timeout", "close_timeout", "read_timeout", "is_host", "store_type", "use_libuv",
@@ -648,12 +714,14 @@ var c10dKeys = []string{
 func (c *rdzvConf) rest(backend string) {
 	for _, key := range slices.Sorted(maps.Keys(c.kv)) {
 		switch {
+		case slices.Contains(etcdKeys, key):
+			c.r.note(zerolog.WarnLevel, "--rdzv-conf %s has no effect with --rdzv-backend %s: it configures etcd", key, backend)
 		case slices.Contains(c10dKeys, key):
 			c.r.note(zerolog.WarnLevel, "--rdzv-conf %s has no effect with --rdzv-backend %s: it configures c10d", key, backend)
 		case key == "rank":
 			c.r.note(zerolog.WarnLevel, "--rdzv-conf rank has no effect with --rdzv-backend %s: the rendezvous decides ranks (use --node-rank to ask for one)", backend)
 		default:
-			c.r.note(zerolog.WarnLevel, "--rdzv-conf %s is not a rendezvous setting; gorun knows timeout, exit_barrier_timeout, rank (static) and %s (c10d)", key, strings.Join(c10dKeys, ", "))
+			c.r.note(zerolog.WarnLevel, "--rdzv-conf %s is not a rendezvous setting; gorun knows timeout, exit_barrier_timeout, rank (static), %s (c10d) and %s (etcd)", key, strings.Join(c10dKeys, ", "), strings.Join(etcdKeys, ", "))
 		}
 	}
 }

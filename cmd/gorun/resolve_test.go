@@ -14,6 +14,7 @@ import (
 
 	"github.com/gorun/gorun/elastic"
 	"github.com/gorun/gorun/launcher"
+	"github.com/gorun/gorun/rendezvous"
 )
 
 // fakeFlags is a command line as resolve reads it: the flags' defaults,
@@ -119,8 +120,40 @@ func TestResolveRendezvous(t *testing.T) {
 			want: func(s elastic.Spec) bool {
 				return s.Backend == "c10d" && s.Dynamic.Host == "node0" && s.Dynamic.Port == 29400 && s.NodeRank == -1
 			}},
-		{name: "etcd-v2 is torch's spelling of etcd",
-			set: map[string]string{"rdzv-backend": "etcd-v2"}, wantErr: `--rdzv-backend "etcd"`},
+		{name: "etcd-v2 is torch's spelling of etcd; members on etcd's port by default",
+			set: map[string]string{"rdzv-backend": "etcd-v2", "nnodes": "2:4", "rdzv-endpoint": "e1,e2:2380,[::1]:3000"},
+			want: func(s elastic.Spec) bool {
+				e, d := s.Etcd, s.Dynamic
+				return s.Backend == "etcd" && slices.Equal(e.Endpoints, []string{"e1:2379", "e2:2380", "[::1]:3000"}) &&
+					!e.TLS && e.LeaseTTL == 10*time.Second && d.FailureGrace == 20*time.Second &&
+					d.JoinTimeout == rendezvous.DefaultJoinTimeout && d.ReadTimeout == 60*time.Second && s.NodeRank == -1
+			}},
+		{name: "etcd: torch's TLS keys, timeout as the join timeout, a lease TTL",
+			set: map[string]string{"rdzv-backend": "etcd", "rdzv-endpoint": "e1",
+				"rdzv-conf": "protocol=https,cacert=ca.pem,cert=c.pem,key=k.pem,timeout=30,last_call_timeout=2,read_timeout=5,lease_ttl=3"},
+			want: func(s elastic.Spec) bool {
+				e, d := s.Etcd, s.Dynamic
+				return e.TLS && e.CACert == "ca.pem" && e.Cert == "c.pem" && e.Key == "k.pem" && e.LeaseTTL == 3*time.Second &&
+					d.JoinTimeout == 30*time.Second && d.LastCallTimeout == 2*time.Second && d.ReadTimeout == 5*time.Second &&
+					d.FailureGrace == 6*time.Second
+			}},
+		{name: "etcd: torch's ttl is the lease TTL",
+			set: map[string]string{"rdzv-backend": "etcd", "rdzv-conf": "ttl=4,join_timeout=9"},
+			want: func(s elastic.Spec) bool {
+				return s.Etcd.LeaseTTL == 4*time.Second && s.Dynamic.JoinTimeout == 9*time.Second
+			}},
+		{name: "etcd: a protocol other than http or https",
+			set: map[string]string{"rdzv-backend": "etcd", "rdzv-conf": "protocol=grpc"}, wantErr: `protocol="grpc"`},
+		{name: "etcd: a certificate without its key",
+			set: map[string]string{"rdzv-backend": "etcd", "rdzv-conf": "protocol=https,cert=c.pem"}, wantErr: "cert and key"},
+		{name: "etcd: certificates over plain http",
+			set: map[string]string{"rdzv-backend": "etcd", "rdzv-conf": "cacert=ca.pem"}, wantErr: "protocol=https"},
+		{name: "etcd: a lease shorter than etcd counts",
+			set: map[string]string{"rdzv-backend": "etcd", "rdzv-conf": "lease_ttl=0.5"}, wantErr: "lease_ttl"},
+		{name: "etcd: a bad member",
+			set: map[string]string{"rdzv-backend": "etcd", "rdzv-endpoint": "e1:2379,e2:x"}, wantErr: `--rdzv-endpoint "e2:x"`},
+		{name: "a backend gorun lacks",
+			set: map[string]string{"rdzv-backend": "zookeeper"}, wantErr: "want static, c10d or etcd"},
 		{name: "torch's keep-alive names are the heartbeats",
 			set: map[string]string{"rdzv-backend": "c10d", "rdzv-conf": "keep_alive_interval=2,keep_alive_max_attempt=4,heartbeat_timeout=1.5"},
 			want: func(s elastic.Spec) bool {

@@ -1,0 +1,245 @@
+// Package etcdtest starts real etcd clusters for tests: Debian's
+// etcd-server, members on loopback with their own data directories and
+// ports, killed and removed when the test ends.
+package etcdtest
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.uber.org/zap"
+)
+
+// Need returns the etcd binary, or skips the test naming the package to
+// install, except in CI (CI=true), where etcd must be there.
+func Need(t testing.TB) string {
+	t.Helper()
+	path, err := exec.LookPath("etcd")
+	if err == nil {
+		return path
+	}
+	msg := "etcd tests need etcd (apt-get install etcd-server etcd-client)"
+	if os.Getenv("CI") == "true" {
+		t.Fatal(msg)
+	}
+	t.Skip(msg)
+	return ""
+}
+
+// Options shape a cluster.
+type Options struct {
+	// Members is the number of members (default 3).
+	Members int
+	// Host is the address members listen on (default 127.0.0.1).
+	Host string
+	// TLS, when set, makes the members speak HTTPS to clients and ask them
+	// for a certificate that TLS.CA signed.
+	TLS *Certs
+}
+
+// Cluster is a running etcd cluster.
+type Cluster struct {
+	t       testing.TB
+	bin     string
+	opts    Options
+	Members []*Member
+}
+
+// Member is one etcd server.
+type Member struct {
+	Name      string
+	Dir       string
+	ClientURL string
+	PeerURL   string
+	initial   string
+	cmd       *exec.Cmd
+	exited    chan struct{}
+}
+
+// Endpoint is the member's host:port for clients.
+func (m *Member) Endpoint() string {
+	return strings.TrimPrefix(strings.TrimPrefix(m.ClientURL, "http://"), "https://")
+}
+
+// Start starts a cluster and waits until every member answers; the test's
+// cleanup kills it.
+func Start(t testing.TB, o Options) *Cluster {
+	t.Helper()
+	bin := Need(t)
+	if o.Members == 0 {
+		o.Members = 3
+	}
+	if o.Host == "" {
+		o.Host = "127.0.0.1"
+	}
+	scheme := "http"
+	if o.TLS != nil {
+		scheme = "https"
+	}
+	c := &Cluster{t: t, bin: bin, opts: o}
+	dir := t.TempDir()
+	var initial []string
+	for i := range o.Members {
+		m := &Member{
+			Name:      "m" + strconv.Itoa(i),
+			Dir:       filepath.Join(dir, "m"+strconv.Itoa(i)),
+			ClientURL: scheme + "://" + net.JoinHostPort(o.Host, strconv.Itoa(freePort(t, o.Host))),
+			PeerURL:   "http://" + net.JoinHostPort(o.Host, strconv.Itoa(freePort(t, o.Host))),
+		}
+		c.Members = append(c.Members, m)
+		initial = append(initial, m.Name+"="+m.PeerURL)
+	}
+	for _, m := range c.Members {
+		m.initial = strings.Join(initial, ",")
+		c.start(m, "new")
+	}
+	t.Cleanup(func() {
+		for _, m := range c.Members {
+			c.Kill(m)
+		}
+	})
+	c.AwaitHealthy(60 * time.Second)
+	return c
+}
+
+// start runs m's server; state is etcd's --initial-cluster-state.
+func (c *Cluster) start(m *Member, state string) {
+	c.t.Helper()
+	args := []string{
+		"--name", m.Name, "--data-dir", m.Dir,
+		"--listen-client-urls", m.ClientURL, "--advertise-client-urls", m.ClientURL,
+		"--listen-peer-urls", m.PeerURL, "--initial-advertise-peer-urls", m.PeerURL,
+		"--initial-cluster", m.initial, "--initial-cluster-state", state,
+		"--initial-cluster-token", "gorun-test",
+		"--logger", "zap", "--log-outputs", filepath.Join(filepath.Dir(m.Dir), m.Name+".log"),
+	}
+	if tl := c.opts.TLS; tl != nil {
+		args = append(args, "--cert-file", tl.ServerCert, "--key-file", tl.ServerKey,
+			"--trusted-ca-file", tl.CA, "--client-cert-auth")
+	}
+	cmd := exec.Command(c.bin, args...)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
+	if err := cmd.Start(); err != nil {
+		c.t.Fatalf("etcdtest: start %s: %v", m.Name, err)
+	}
+	m.cmd, m.exited = cmd, make(chan struct{})
+	go func() {
+		cmd.Wait()
+		close(m.exited)
+	}()
+}
+
+// Kill kills m with SIGKILL, if it runs, and reaps it.
+func (c *Cluster) Kill(m *Member) {
+	if m.cmd == nil {
+		return
+	}
+	select {
+	case <-m.exited:
+	default:
+		m.cmd.Process.Signal(syscall.SIGKILL)
+		<-m.exited
+	}
+	m.cmd = nil
+}
+
+// Restart starts a killed member again on its data.
+func (c *Cluster) Restart(m *Member) { c.start(m, "existing") }
+
+// Endpoints are the members' host:port for clients.
+func (c *Cluster) Endpoints() []string {
+	var eps []string
+	for _, m := range c.Members {
+		eps = append(eps, m.Endpoint())
+	}
+	return eps
+}
+
+// Client returns a client of the running members, closed at cleanup.
+func (c *Cluster) Client() *clientv3.Client {
+	c.t.Helper()
+	cfg := clientv3.Config{Endpoints: c.Endpoints(), DialTimeout: 5 * time.Second, Logger: zap.NewNop()}
+	if c.opts.TLS != nil {
+		cfg.TLS = c.opts.TLS.ClientConfig(c.t)
+	}
+	cli, err := clientv3.New(cfg)
+	if err != nil {
+		c.t.Fatalf("etcdtest: client: %v", err)
+	}
+	c.t.Cleanup(func() { cli.Close() })
+	return cli
+}
+
+// AwaitHealthy waits until every running member answers a linearizable
+// read, failing the test after within.
+func (c *Cluster) AwaitHealthy(within time.Duration) {
+	c.t.Helper()
+	cli := c.Client()
+	deadline := time.Now().Add(within)
+	for _, m := range c.Members {
+		if m.cmd == nil {
+			continue
+		}
+		for {
+			ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+			_, err := cli.Status(ctx, m.Endpoint())
+			if err == nil {
+				_, err = cli.Get(ctx, "health")
+			}
+			cancel()
+			if err == nil {
+				break
+			}
+			select {
+			case <-m.exited:
+				c.t.Fatalf("etcdtest: %s exited; see its log in %s", m.Name, filepath.Dir(m.Dir))
+			default:
+			}
+			if time.Now().After(deadline) {
+				c.t.Fatalf("etcdtest: %s not healthy within %v: %v", m.Name, within, err)
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+	}
+}
+
+// Leader returns the member that leads the cluster now.
+func (c *Cluster) Leader() *Member {
+	c.t.Helper()
+	cli := c.Client()
+	for _, m := range c.Members {
+		if m.cmd == nil {
+			continue
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		s, err := cli.Status(ctx, m.Endpoint())
+		cancel()
+		if err == nil && s.Leader == s.Header.MemberId {
+			return m
+		}
+	}
+	c.t.Fatal("etcdtest: no member leads the cluster")
+	return nil
+}
+
+// freePort returns a port free on host now.
+func freePort(t testing.TB, host string) int {
+	l, err := net.Listen("tcp", net.JoinHostPort(host, "0"))
+	if err != nil {
+		t.Fatalf("etcdtest: %v", err)
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port
+}
+
+func (m *Member) String() string { return fmt.Sprintf("%s (%s)", m.Name, m.ClientURL) }

@@ -1,0 +1,62 @@
+package etcd
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/gorun/gorun/internal/etcdtest"
+)
+
+// BenchmarkRound measures how long a round of 100 and of 1,000 nodes
+// takes to form on a 3-member cluster on loopback: every node its own
+// client and lease, all calling Next at once, the round decided when the
+// last of them arrives (MinNodes = MaxNodes). One op is one round:
+//
+//	go test -run x -bench Round -benchtime 3x ./rendezvous/etcd/
+func BenchmarkRound(b *testing.B) {
+	c := etcdtest.Start(b, etcdtest.Options{})
+	for _, nodes := range []int{100, 1000} {
+		b.Run(fmt.Sprintf("nodes=%d", nodes), func(b *testing.B) {
+			for i := range b.N {
+				b.StopTimer()
+				run := fmt.Sprintf("bench-%d-%d", nodes, i)
+				hs := make([]*Handler, nodes)
+				for n := range hs {
+					cli, err := Dial(c.Endpoints(), nil)
+					if err != nil {
+						b.Fatal(err)
+					}
+					hs[n] = New(cli, Options{
+						RunID: run, MinNodes: nodes, MaxNodes: nodes, NodeID: fmt.Sprintf("n%d", n), Host: "h", NodeRank: -1,
+						JoinTimeout: 5 * time.Minute, LeaseTTL: 30 * time.Second, RequestTimeout: 5 * time.Minute,
+					})
+				}
+				b.StartTimer()
+				var wg sync.WaitGroup
+				errs := make(chan error, nodes)
+				for _, h := range hs {
+					wg.Go(func() {
+						if _, err := h.Next(context.Background()); err != nil {
+							errs <- err
+						}
+					})
+				}
+				wg.Wait()
+				b.StopTimer()
+				close(errs)
+				for err := range errs {
+					b.Fatal(err)
+				}
+				var cw sync.WaitGroup
+				for _, h := range hs {
+					cw.Go(func() { h.Close() })
+				}
+				cw.Wait()
+				b.StartTimer()
+			}
+		})
+	}
+}

@@ -1,0 +1,507 @@
+package etcd
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+
+	"go.etcd.io/etcd/api/v3/mvccpb"
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/gorun/gorun/rendezvous"
+)
+
+// Next blocks until this node takes part in a complete round and returns
+// it (Current tells more). Calling it again while that round is current
+// opens a new round for everyone. It fails when the job is over
+// (rendezvous.ErrJobEnded, ErrJobFailed), when JoinTimeout passes without
+// a place for this node (ErrJoinTimeout), when etcd does not answer within
+// RequestTimeout, or when ctx ends.
+func (h *Handler) Next(ctx context.Context) (*rendezvous.Round, error) {
+	ctx, done, err := h.begin(ctx)
+	if err != nil {
+		return nil, err
+	}
+	defer done()
+	o := h.opts
+	if o.MinNodes > o.MaxNodes {
+		return nil, fmt.Errorf("rendezvous/etcd: min nodes %d > max nodes %d", o.MinNodes, o.MaxNodes)
+	}
+	h.withdrawAbandoned(ctx)
+	st, err := h.leaveRound(ctx)
+	if err != nil {
+		return nil, err
+	}
+	deadline := o.Now().Add(o.JoinTimeout)
+	for {
+		if st.end != running {
+			return nil, h.overError(ctx, st)
+		}
+		lease, err := h.ensureLease(ctx)
+		if err != nil {
+			return nil, err
+		}
+		rd, err := h.join(ctx, st, lease, &deadline)
+		if rd != nil || err != nil {
+			return rd, err
+		}
+		if st, _, err = h.readState(ctx); err != nil {
+			return nil, err
+		}
+	}
+}
+
+// withdrawAbandoned takes back the key of a join that its caller gave up.
+func (h *Handler) withdrawAbandoned(ctx context.Context) {
+	h.mu.Lock()
+	key := h.abandoned
+	h.abandoned = ""
+	h.mu.Unlock()
+	if key == "" {
+		return
+	}
+	wctx, cancel := context.WithTimeout(ctx, h.opts.CloseTimeout)
+	defer cancel()
+	if _, err := h.kv.Delete(wctx, key); err != nil {
+		h.log.Warn().Err(err).Msg("could not withdraw an abandoned join")
+	}
+}
+
+// leaveRound stops this node's part in its round, opening a new round if
+// that one is still current, and returns the job's state.
+func (h *Handler) leaveRound(ctx context.Context) (jobState, error) {
+	h.mu.Lock()
+	prev, prevState, key := h.round, h.state, h.myKey
+	h.stopWatchLocked()
+	h.mu.Unlock()
+	st, _, err := h.readState(ctx)
+	if err != nil || prev == nil {
+		return st, err
+	}
+	if st == prevState {
+		reason := fmt.Sprintf("node %s on %s asked for a new round", h.opts.NodeID, h.opts.Host)
+		if st, err = h.advance(ctx, st, st.next(st.restarts, running), reason); err != nil {
+			return st, err
+		}
+	}
+	prev.End(h.reason(ctx, prevState.round))
+	if key != "" {
+		// The round is over: its key only kept this node in it.
+		rctx, cancel := h.request(ctx)
+		_, _ = h.kv.Delete(rctx, key)
+		cancel()
+	}
+	return st, nil
+}
+
+// snapshot is a joiner's view of round r at one revision.
+type snapshot struct {
+	rev      int64
+	state    jobState
+	arrivals int
+	lastCall bool
+	roster   *roster
+}
+
+func (h *Handler) snapshot(ctx context.Context, r int) (snapshot, error) {
+	rctx, cancel := h.request(ctx)
+	defer cancel()
+	t, err := h.kv.Txn(rctx).Then(
+		clientv3.OpGet(h.k(keyState)),
+		clientv3.OpGet(h.k(nodesKey(r)), clientv3.WithPrefix(), clientv3.WithCountOnly()),
+		clientv3.OpGet(h.k(callKey(r)), clientv3.WithPrefix()),
+	).Commit()
+	if err != nil {
+		return snapshot{}, h.unreachable(ctx, fmt.Sprintf("read round %d", r), err)
+	}
+	s := snapshot{rev: t.Header.Revision}
+	if kvs := t.Responses[0].GetResponseRange().Kvs; len(kvs) > 0 {
+		if s.state, err = parseJobState(kvs[0].Value); err != nil {
+			return s, err
+		}
+	}
+	s.arrivals = int(t.Responses[1].GetResponseRange().Count)
+	for _, kv := range t.Responses[2].GetResponseRange().Kvs {
+		switch string(kv.Key) {
+		case h.k(lastCallKey(r)):
+			s.lastCall = true
+		case h.k(finalKey(r)):
+			var ro roster
+			if err := json.Unmarshal(kv.Value, &ro); err != nil {
+				return s, fmt.Errorf("rendezvous/etcd: roster of round %d: %w", r, err)
+			}
+			s.roster = &ro
+		}
+	}
+	return s, nil
+}
+
+// join adds this node to round st.round and follows it until this node
+// takes part (a round), or the job moves on (no round, no error: join the
+// job's current round), or it gives up. A spare's wait is not a join: its
+// deadline starts again after it.
+func (h *Handler) join(ctx context.Context, st jobState, lease clientv3.LeaseID, deadline *time.Time) (*rendezvous.Round, error) {
+	o, r := h.opts, st.round
+	key := h.k(nodeKey(r, o.NodeID))
+	me, _ := json.Marshal(h.self)
+	rctx, cancel := h.request(ctx)
+	t, err := h.kv.Txn(rctx).If(clientv3.Compare(clientv3.Value(h.k(keyState)), "=", st.String())).
+		Then(clientv3.OpPut(key, string(me), clientv3.WithLease(lease)),
+			clientv3.OpGet(h.k(nodesKey(r)), clientv3.WithPrefix(), clientv3.WithCountOnly())).Commit()
+	cancel()
+	if err != nil {
+		return nil, h.unreachable(ctx, fmt.Sprintf("join round %d", r), err)
+	}
+	if !t.Succeeded {
+		return nil, nil
+	}
+	h.mu.Lock()
+	h.myKey = key
+	h.mu.Unlock()
+	if int(t.Responses[1].GetResponseRange().Count) >= o.MinNodes {
+		h.openLastCall(ctx, r)
+	}
+
+	var lastCall time.Time // when this node saw MinNodes arrivals
+	for {
+		s, err := h.snapshot(ctx, r)
+		if err != nil {
+			h.giveUp(ctx, key)
+			return nil, err
+		}
+		now := o.Now()
+		if (s.lastCall || s.arrivals >= o.MinNodes) && lastCall.IsZero() {
+			lastCall = now
+		}
+		v := view{
+			moved: s.state != st, arrivals: s.arrivals, roster: s.roster,
+			lastCallDue:  !lastCall.IsZero() && !now.Before(lastCall.Add(o.LastCallTimeout)),
+			pastDeadline: !now.Before(*deadline),
+			minNodes:     o.MinNodes, maxNodes: o.MaxNodes,
+		}
+		if s.roster != nil {
+			_, v.member = s.roster.placeOf(o.NodeID)
+		}
+		switch nextStep(v) {
+		case stepRetry:
+			return nil, nil
+		case stepTakePart:
+			return h.takePart(st, *s.roster, s.rev)
+		case stepDecide:
+			if err := h.decide(ctx, st, false); err != nil {
+				h.giveUp(ctx, key)
+				return nil, err
+			}
+			continue
+		case stepVoid, stepTimedOut:
+			if err := h.decide(ctx, st, true); err != nil {
+				h.log.Warn().Err(err).Int("round", r).Msg("could not void the round")
+			}
+			h.giveUp(ctx, key)
+			return nil, fmt.Errorf("%w after %v: %d of min %d nodes joined round %d",
+				rendezvous.ErrJoinTimeout, o.JoinTimeout, s.arrivals, o.MinNodes, r)
+		case stepSpare:
+			h.log.Info().Int("round", r).Msg("round is full: waiting as a spare")
+			if err := h.awaitChange(ctx, st, s.rev, "", time.Time{}); err != nil {
+				h.giveUp(ctx, key)
+				return nil, err
+			}
+			*deadline = o.Now().Add(o.JoinTimeout)
+			return nil, nil
+		case stepOpenNext:
+			reason := fmt.Sprintf("node %s on %s waits to join (round %d has %d of max %d nodes)",
+				o.NodeID, o.Host, r, len(s.roster.Nodes), o.MaxNodes)
+			_, err := h.advance(ctx, st, st.next(st.restarts, running), reason)
+			return nil, err
+		}
+		// Wait for the last call, the deadline, a roster or a move.
+		until := *deadline
+		if !lastCall.IsZero() {
+			until = minTime(until, lastCall.Add(o.LastCallTimeout))
+		}
+		if err := h.awaitChange(ctx, st, s.rev, callKey(r), until); err != nil {
+			h.giveUp(ctx, key)
+			return nil, err
+		}
+	}
+}
+
+func minTime(a, b time.Time) time.Time {
+	if b.Before(a) {
+		return b
+	}
+	return a
+}
+
+// openLastCall tells the round's joiners that MinNodes arrived, once.
+func (h *Handler) openLastCall(ctx context.Context, r int) {
+	rctx, cancel := h.request(ctx)
+	defer cancel()
+	k := h.k(lastCallKey(r))
+	_, _ = h.kv.Txn(rctx).If(clientv3.Compare(clientv3.CreateRevision(k), "=", 0)).Then(clientv3.OpPut(k, "")).Commit()
+}
+
+// awaitChange watches, from revision rev+1, the job's state and, unless
+// empty, the keys under prefix (relative), until one changes, until (when
+// not zero), or ctx ends.
+func (h *Handler) awaitChange(ctx context.Context, st jobState, rev int64, prefix string, until time.Time) error {
+	wctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	if !until.IsZero() {
+		var c2 context.CancelFunc
+		wctx, c2 = context.WithDeadline(wctx, until)
+		defer c2()
+	}
+	state := h.cli.Watch(wctx, h.k(keyState), clientv3.WithRev(rev+1))
+	var keys clientv3.WatchChan
+	if prefix != "" {
+		keys = h.cli.Watch(wctx, h.k(prefix), clientv3.WithPrefix(), clientv3.WithRev(rev+1))
+	}
+	select {
+	case <-state:
+	case <-keys:
+	case <-wctx.Done():
+	}
+	return context.Cause(ctx)
+}
+
+// decide fixes round st.round's roster, unless fixed already: its first
+// MaxNodes joiners, by arrival, or none when void.
+func (h *Handler) decide(ctx context.Context, st jobState, void bool) error {
+	o, r := h.opts, st.round
+	rctx, cancel := h.request(ctx)
+	defer cancel()
+	var ro roster
+	if !void {
+		resp, err := h.kv.Get(rctx, h.k(nodesKey(r)), clientv3.WithPrefix(),
+			clientv3.WithSort(clientv3.SortByCreateRevision, clientv3.SortAscend), clientv3.WithLimit(int64(o.MaxNodes)))
+		if err != nil {
+			return h.unreachable(ctx, fmt.Sprintf("decide round %d", r), err)
+		}
+		if len(resp.Kvs) < o.MinNodes {
+			return nil // a joiner left: wait for another
+		}
+		ms := make([]member, len(resp.Kvs))
+		for i, kv := range resp.Kvs {
+			if err := json.Unmarshal(kv.Value, &ms[i]); err != nil {
+				return fmt.Errorf("rendezvous/etcd: member %s of round %d: %w", kv.Key, r, err)
+			}
+			ms[i].arrival = kv.CreateRevision
+			if ms[i].Since == 0 {
+				// First time in a round: where it arrived places it,
+				// in this round and the next.
+				ms[i].Since = kv.CreateRevision
+			}
+		}
+		ro = roster{Rev: resp.Header.Revision, Nodes: order(ms)}
+	}
+	b, err := json.Marshal(ro)
+	if err != nil {
+		return err
+	}
+	k := h.k(finalKey(r))
+	_, err = h.kv.Txn(rctx).If(clientv3.Compare(clientv3.CreateRevision(k), "=", 0),
+		clientv3.Compare(clientv3.Value(h.k(keyState)), "=", st.String())).
+		Then(clientv3.OpPut(k, string(b))).Commit()
+	if err != nil {
+		return h.unreachable(ctx, fmt.Sprintf("decide round %d", r), err)
+	}
+	return nil
+}
+
+// giveUp takes this node's key out of a round it stops joining: at once
+// when etcd failed (best effort), or, when ctx ended (its caller is in a
+// hurry), in the next Next, Leave or Close.
+func (h *Handler) giveUp(ctx context.Context, key string) {
+	if ctx.Err() != nil {
+		h.mu.Lock()
+		h.abandoned = key
+		h.mu.Unlock()
+		return
+	}
+	wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), h.opts.CloseTimeout)
+	defer cancel()
+	_, _ = h.kv.Delete(wctx, key)
+}
+
+// takePart makes this node's round from the roster it read at rev, and
+// watches it.
+func (h *Handler) takePart(st jobState, ro roster, rev int64) (*rendezvous.Round, error) {
+	o := h.opts
+	p, _ := ro.placeOf(o.NodeID)
+	ri := rendezvous.NewRoundInfo(st.round, st.restarts, p.groupRank, len(ro.Nodes), p.firstRank, p.worldSize)
+	h.mu.Lock()
+	if h.self.Since == 0 {
+		h.self.Since = ro.Nodes[p.groupRank].Since
+	}
+	h.round, h.state, h.roster = ri, st, ro
+	h.stopWatch = h.watchRound(ri, st, ro, rev)
+	h.mu.Unlock()
+	h.log.Info().Int("round", st.round).Int("restarts", st.restarts).Int("group_rank", p.groupRank).
+		Int("nodes", len(ro.Nodes)).Int("world_size", p.worldSize).Msg("round complete")
+	return &rendezvous.Round{
+		Store:          NewStore(h.cli, h.k(roundKey(st.round, "store/"))),
+		GroupRank:      p.groupRank,
+		GroupWorldSize: len(ro.Nodes),
+		StoreHost:      o.StoreHost,
+		StorePort:      o.StorePort,
+	}, nil
+}
+
+// watchRound ends ri when round st.round is superseded (the job's state
+// moves on) and supersedes it when a member's key goes (its lease lapsed,
+// or it left), until the returned stop. A broken watch is made again from
+// the revision it reached; a node cut off from etcd learns from its lease
+// (ensureLease).
+func (h *Handler) watchRound(ri *rendezvous.RoundInfo, st jobState, ro roster, rev int64) (stop func()) {
+	ctx, cancel := context.WithCancel(h.life)
+	members := make(map[string]member, len(ro.Nodes))
+	for _, m := range ro.Nodes {
+		members[h.k(nodeKey(st.round, m.ID))] = m
+	}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		stateRev, nodesRev := rev+1, ro.Rev+1
+		for ctx.Err() == nil {
+			wctx, wcancel := context.WithCancel(ctx)
+			state := h.cli.Watch(wctx, h.k(keyState), clientv3.WithRev(stateRev))
+			nodes := h.cli.Watch(wctx, h.k(nodesKey(st.round)), clientv3.WithPrefix(), clientv3.WithRev(nodesRev), clientv3.WithFilterPut())
+			for state != nil && nodes != nil {
+				select {
+				case wr, ok := <-state:
+					if !ok || wr.Err() != nil {
+						state = nil
+						break
+					}
+					stateRev = wr.Header.Revision + 1
+					for _, ev := range wr.Events {
+						if string(ev.Kv.Value) != st.String() {
+							ri.End(h.reason(ctx, st.round))
+							wcancel()
+							return
+						}
+					}
+				case wr, ok := <-nodes:
+					if !ok || wr.Err() != nil {
+						nodes = nil
+						break
+					}
+					nodesRev = wr.Header.Revision + 1
+					for _, ev := range wr.Events {
+						m, ok := members[string(ev.Kv.Key)]
+						if ev.Type != mvccpb.DELETE || !ok {
+							continue
+						}
+						reason := fmt.Sprintf("node %s on %s is gone: it left, or its etcd lease lapsed", m.ID, m.Host)
+						if m.ID == h.opts.NodeID {
+							reason = fmt.Sprintf("node %s on %s lost its etcd lease", m.ID, m.Host)
+						}
+						rctx, rcancel := context.WithTimeout(ctx, h.opts.RequestTimeout)
+						_, err := h.advance(rctx, st, st.next(st.restarts, running), reason)
+						rcancel()
+						if err != nil {
+							h.log.Warn().Err(err).Msg("could not end the round")
+						}
+					}
+				}
+			}
+			wcancel()
+			// The watch broke (a member went, a compaction): watch again,
+			// after a pause that a busy cluster can bear.
+			select {
+			case <-ctx.Done():
+			case <-time.After(100 * time.Millisecond):
+			}
+		}
+	}()
+	return func() {
+		cancel()
+		<-done
+	}
+}
+
+// stopWatchLocked stops watching the round; h.mu is held.
+func (h *Handler) stopWatchLocked() {
+	if h.stopWatch != nil {
+		stop := h.stopWatch
+		h.stopWatch = nil
+		h.mu.Unlock()
+		stop()
+		h.mu.Lock()
+	}
+}
+
+// Leave tells the other nodes, within ctx, that this one is going: it
+// supersedes its round if still current, so that the others go on without
+// it at once, and revokes its lease, which takes its keys. No node hosts
+// anything the others need, so no node's leaving ends the job. Close,
+// afterwards, says nothing more.
+func (h *Handler) Leave(ctx context.Context) error {
+	ctx, done, err := h.begin(ctx)
+	if err != nil {
+		return err
+	}
+	defer done()
+	h.mu.Lock()
+	if h.left {
+		h.mu.Unlock()
+		return nil
+	}
+	h.left = true
+	h.mu.Unlock()
+	return h.leave(ctx)
+}
+
+func (h *Handler) leave(ctx context.Context) error {
+	h.mu.Lock()
+	h.stopWatchLocked()
+	ri, st, lease, abandoned := h.round, h.state, h.lease, h.abandoned
+	h.abandoned = ""
+	h.mu.Unlock()
+	var err error
+	if ri != nil && ri.Reason() == "" {
+		reason := fmt.Sprintf("node %s on %s left", h.opts.NodeID, h.opts.Host)
+		if _, aerr := h.advance(ctx, st, st.next(st.restarts, running), reason); aerr != nil {
+			err = aerr
+		}
+		ri.End("this node left the rendezvous")
+	}
+	if lease != 0 {
+		if _, rerr := h.cli.Revoke(ctx, lease); rerr != nil {
+			err = errors.Join(err, fmt.Errorf("rendezvous/etcd: revoke this node's lease: %w", rerr))
+		}
+	} else if abandoned != "" {
+		_, _ = h.kv.Delete(ctx, abandoned)
+	}
+	return err
+}
+
+// Close leaves the rendezvous, as Leave does within CloseTimeout unless
+// Leave was called, and closes the client. It never ends the job for the
+// others.
+func (h *Handler) Close() error {
+	h.mu.Lock()
+	if h.closed {
+		h.mu.Unlock()
+		return nil
+	}
+	h.closed = true
+	left := h.left
+	h.mu.Unlock()
+	h.quit()
+	h.ops.Wait()
+	var err error
+	if left {
+		h.mu.Lock()
+		h.stopWatchLocked()
+		h.mu.Unlock()
+	} else {
+		ctx, cancel := context.WithTimeout(context.Background(), h.opts.CloseTimeout)
+		err = h.leave(ctx)
+		cancel()
+	}
+	return errors.Join(err, h.cli.Close())
+}

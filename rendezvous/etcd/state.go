@@ -1,0 +1,218 @@
+package etcd
+
+import (
+	"cmp"
+	"fmt"
+	"slices"
+	"strconv"
+	"strings"
+)
+
+// The handler keeps a job's state under "<prefix>/<run id>/" in these keys.
+// Liveness is etcd's: a node's keys are bound to its lease, and go when it
+// lapses. Every transition is one transaction; every wait is a watch.
+//
+//	state                       the job's register: "<round> <restarts>[ ended|failed]"
+//	round/<r>/node/<id>         a joiner's member JSON, on its lease; the key's
+//	                            create revision is its arrival order
+//	round/<r>/call/last         created by the first joiner that sees MinNodes:
+//	                            the last call is open
+//	round/<r>/call/final        the roster, created once by a transaction;
+//	                            empty voids the round
+//	round/<r>/superseded        why round r ended, put with the state that ends it
+//	round/<r>/weighing/<id>     on its lease: the node weighs a failure
+//	round/<r>/done/<id>         the node's workers all succeeded
+//	round/<r>/complete          put by the last of them: the exit barrier
+//	round/<r>/store/...         the round's agents' Store (Round.Store)
+//	failures/<r>/<id>           failure reports, one JSON line each
+const (
+	keyState    = "state"
+	keyFailures = "failures/"
+)
+
+func roundKey(r int, name string) string { return "round/" + strconv.Itoa(r) + "/" + name }
+
+func nodesKey(r int) string           { return roundKey(r, "node/") }
+func nodeKey(r int, id string) string { return nodesKey(r) + id }
+func callKey(r int) string            { return roundKey(r, "call/") }
+func lastCallKey(r int) string        { return callKey(r) + "last" }
+func finalKey(r int) string           { return callKey(r) + "final" }
+
+// jobState is the one register that every transition of the job goes
+// through: moving it from round r to r+1 in a transaction supersedes round
+// r. Carrying the restart count in it makes spending the budget and
+// opening the next round one step, so that the failures of several nodes
+// in one round (often one fault seen everywhere) spend a single restart.
+type jobState struct {
+	round    int
+	restarts int
+	end      jobEnd
+}
+
+type jobEnd string
+
+const (
+	running jobEnd = ""
+	ended   jobEnd = "ended"  // success, or shut down on purpose
+	failed  jobEnd = "failed" // the restart budget is spent
+)
+
+func (s jobState) String() string {
+	v := strconv.Itoa(s.round) + " " + strconv.Itoa(s.restarts)
+	if s.end != running {
+		v += " " + string(s.end)
+	}
+	return v
+}
+
+// next is the state that opens the round after s's.
+func (s jobState) next(restarts int, end jobEnd) jobState {
+	return jobState{round: s.round + 1, restarts: restarts, end: end}
+}
+
+// afterFailure is the state that a failure in s's round moves the job to:
+// the next round, one restart more, or failed once that is over budget.
+func (s jobState) afterFailure(maxRestarts int) jobState {
+	if s.restarts+1 > maxRestarts {
+		return s.next(s.restarts, failed)
+	}
+	return s.next(s.restarts+1, running)
+}
+
+func parseJobState(b []byte) (jobState, error) {
+	f := strings.Fields(string(b))
+	if len(f) == 2 || len(f) == 3 {
+		r, err1 := strconv.Atoi(f[0])
+		k, err2 := strconv.Atoi(f[1])
+		s := jobState{round: r, restarts: k}
+		if len(f) == 3 {
+			s.end = jobEnd(f[2])
+		}
+		if err1 == nil && err2 == nil && r >= 0 && k >= 0 && (s.end == running || s.end == ended || s.end == failed) {
+			return s, nil
+		}
+	}
+	return jobState{}, fmt.Errorf("rendezvous/etcd: malformed job state %q", b)
+}
+
+// member is what a node publishes when it joins a round.
+type member struct {
+	ID    string `json:"id"`
+	Host  string `json:"host"`
+	Addr  string `json:"addr,omitempty"`
+	NProc int    `json:"nproc"`
+	// Rank is the node rank the node asked for, or -1.
+	Rank int `json:"rank"`
+	// Since is the create revision of the node's key in the first round
+	// it took part in (0: none yet): ordering by it keeps the nodes that
+	// stay in the same relative order from round to round.
+	Since int64 `json:"since"`
+	// arrival is the create revision of the node's key in this round.
+	arrival int64
+}
+
+// roster is a decided round: its members in group-rank order, and the
+// revision at which they were read (a member whose key is deleted after
+// it is lost).
+type roster struct {
+	Rev   int64    `json:"rev"`
+	Nodes []member `json:"nodes"`
+}
+
+// order sorts the members of a round into group ranks: by requested node
+// rank when every one asked for one, else by where each first took part,
+// then by arrival. Every node reads the same roster, so all agree.
+func order(ms []member) []member {
+	byRequest := !slices.ContainsFunc(ms, func(m member) bool { return m.Rank < 0 })
+	ms = slices.Clone(ms)
+	since := func(m member) int64 {
+		if m.Since == 0 {
+			return m.arrival
+		}
+		return m.Since
+	}
+	slices.SortStableFunc(ms, func(a, b member) int {
+		c := cmp.Or(cmp.Compare(since(a), since(b)), cmp.Compare(a.arrival, b.arrival))
+		if byRequest {
+			c = cmp.Or(cmp.Compare(a.Rank, b.Rank), c)
+		}
+		return c
+	})
+	return ms
+}
+
+// place is a member's place in a decided round.
+type place struct {
+	groupRank, firstRank, worldSize int
+}
+
+// placeOf finds id in the roster; ok is false when it is not a member.
+func (r roster) placeOf(id string) (p place, ok bool) {
+	p.groupRank = -1
+	for i, m := range r.Nodes {
+		if m.ID == id {
+			p.groupRank, p.firstRank, ok = i, p.worldSize, true
+		}
+		p.worldSize += m.NProc
+	}
+	return p, ok
+}
+
+// view is what a joiner of a round sees at one revision.
+type view struct {
+	moved    bool    // the job's state is no longer the one joined
+	arrivals int     // node keys in the round
+	roster   *roster // the decided round, nil if undecided
+	member   bool    // this node is in the roster
+	// lastCallDue: MinNodes arrived LastCallTimeout ago, on this node's
+	// clock; pastDeadline: its join timeout passed.
+	lastCallDue, pastDeadline bool
+	minNodes, maxNodes        int
+}
+
+// step is what a joiner does next.
+type step int
+
+const (
+	stepWait     step = iota // for news, or the last call, or the deadline
+	stepRetry                // the job moved on: join its current round
+	stepTakePart             // the round was decided with this node
+	stepDecide               // decide the round with the nodes there (up to max)
+	stepVoid                 // at the deadline with too few nodes: void it and give up
+	stepSpare                // decided full without this node: wait for the next
+	stepOpenNext             // decided below max without it: open the next round
+	stepTimedOut             // decided without it, at its deadline: give up
+)
+
+var stepNames = [...]string{"wait", "retry", "take part", "decide", "void", "spare", "open next", "timed out"}
+
+func (s step) String() string { return stepNames[s] }
+
+// nextStep decides a joiner's next step from what it sees: a round is
+// decided at MaxNodes at once, or with whoever came LastCallTimeout after
+// MinNodes did, or at a joiner's deadline; a node left out of a decided
+// round below MaxNodes opens the next one (the late joiner's new round),
+// while one left out of a full round waits as a spare.
+func nextStep(v view) step {
+	switch {
+	case v.moved:
+		return stepRetry
+	case v.roster != nil && v.member:
+		return stepTakePart
+	case v.roster != nil && len(v.roster.Nodes) >= v.maxNodes:
+		return stepSpare
+	case v.roster != nil && v.pastDeadline:
+		return stepTimedOut
+	case v.roster != nil:
+		return stepOpenNext
+	case v.arrivals >= v.maxNodes:
+		return stepDecide
+	case v.pastDeadline && v.arrivals >= v.minNodes:
+		return stepDecide
+	case v.pastDeadline:
+		return stepVoid
+	case v.lastCallDue && v.arrivals >= v.minNodes:
+		return stepDecide
+	}
+	return stepWait
+}
