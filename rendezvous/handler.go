@@ -61,6 +61,9 @@ type Elastic interface {
 	AwaitReports(ctx context.Context, timeout time.Duration) error
 	// Failures returns every node's failure reports, oldest first.
 	Failures(ctx context.Context) ([][]byte, error)
+	// Nodes returns the participants of this node's round, in group-rank
+	// order.
+	Nodes(ctx context.Context) ([]NodeInfo, error)
 	// Done is the exit barrier once this node's workers succeeded: nil
 	// once every node's did, ErrRoundChanged if the round changed first
 	// (run again), ErrJobFailed or ErrJobEnded if the job is over.

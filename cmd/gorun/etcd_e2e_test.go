@@ -24,7 +24,7 @@ const etcdLeaseTTL = 3
 func etcdJob(t *testing.T, c *etcdtest.Cluster, nnodes string, extra ...string) []string {
 	return append([]string{
 		"--nnodes", nnodes, "--nproc-per-node", "2", "--rdzv-backend", "etcd",
-		"--rdzv-endpoint", strings.Join(c.Endpoints(), ","), "--rdzv-id", t.Name(),
+		"--rdzv-endpoint", strings.Join(c.Endpoints(), ","), "--rdzv-id", strings.ReplaceAll(t.Name(), "/", "-"),
 		"--rdzv-conf", fmt.Sprintf("last_call_timeout=1,lease_ttl=%d,read_timeout=5", etcdLeaseTTL),
 	}, extra...)
 }
@@ -178,7 +178,7 @@ func TestEtcdTLS(t *testing.T) {
 	tlsConf := fmt.Sprintf("protocol=https,cacert=%s,cert=%s,key=%s,lease_ttl=%d,read_timeout=5",
 		certs.CA, certs.ClientCert, certs.ClientKey, etcdLeaseTTL)
 	base := []string{"--nnodes", "2", "--nproc-per-node", "2", "--rdzv-backend", "etcd-v2",
-		"--rdzv-endpoint", strings.Join(c.Endpoints(), ","), "--rdzv-id", t.Name()}
+		"--rdzv-endpoint", strings.Join(c.Endpoints(), ","), "--rdzv-id", strings.ReplaceAll(t.Name(), "/", "-")}
 	args := append(append(base, "--rdzv-conf", tlsConf), bin("elastic"), "-steps", "30", "-every", "10",
 		"-checkpoint", filepath.Join(t.TempDir(), "ckpt"))
 	agents := []*agent{startAgent(t, args...), startAgent(t, args...)}
@@ -209,7 +209,7 @@ func TestEtcdNodeCutOff(t *testing.T) {
 	c := etcdtest.Start(t, etcdtest.Options{Host: h.subnet + ".1"})
 	dir := t.TempDir()
 	args := []string{
-		"--nnodes", "2:3", "--nproc-per-node", "1", "--rdzv-backend", "etcd", "--rdzv-id", t.Name(),
+		"--nnodes", "2:3", "--nproc-per-node", "1", "--rdzv-backend", "etcd", "--rdzv-id", strings.ReplaceAll(t.Name(), "/", "-"),
 		"--rdzv-endpoint", strings.Join(c.Endpoints(), ","),
 		"--rdzv-conf", fmt.Sprintf("last_call_timeout=1,lease_ttl=%d,read_timeout=5,close_timeout=2", etcdLeaseTTL),
 		bin("elastic"), "-steps", "600", "-step-delay", "20ms", "-every", "10", "-log-every", "10",

@@ -46,7 +46,7 @@ func BenchmarkNodeLoss(b *testing.B) {
 			var total time.Duration
 			for i := range b.N {
 				b.StopTimer()
-				args := append(tc.args(b), "--nnodes", "2:3", "--nproc-per-node", "2", "--rdzv-id", b.Name()+strconv.Itoa(i),
+				args := append(tc.args(b), "--nnodes", "2:3", "--nproc-per-node", "2", "--rdzv-id", strings.NewReplacer("/", "-", "=", "-").Replace(b.Name())+strconv.Itoa(i),
 					bin("elastic"), "-steps", "100000", "-step-delay", "20ms", "-every", "10",
 					"-checkpoint", filepath.Join(b.TempDir(), "ckpt"), "-log-every", "10")
 				agents := []*agent{startBenchAgent(b, args), startBenchAgent(b, args), startBenchAgent(b, args)}

@@ -121,7 +121,7 @@ func TestResolveRendezvous(t *testing.T) {
 				return s.Backend == "c10d" && s.Dynamic.Host == "node0" && s.Dynamic.Port == 29400 && s.NodeRank == -1
 			}},
 		{name: "etcd-v2 is torch's spelling of etcd; members on etcd's port by default",
-			set: map[string]string{"rdzv-backend": "etcd-v2", "nnodes": "2:4", "rdzv-endpoint": "e1,e2:2380,[::1]:3000"},
+			set: map[string]string{"rdzv-backend": "etcd-v2", "rdzv-id": "j1", "nnodes": "2:4", "rdzv-endpoint": "e1,e2:2380,[::1]:3000"},
 			want: func(s elastic.Spec) bool {
 				e, d := s.Etcd, s.Dynamic
 				return s.Backend == "etcd" && slices.Equal(e.Endpoints, []string{"e1:2379", "e2:2380", "[::1]:3000"}) &&
@@ -129,7 +129,7 @@ func TestResolveRendezvous(t *testing.T) {
 					d.JoinTimeout == rendezvous.DefaultJoinTimeout && d.ReadTimeout == 60*time.Second && s.NodeRank == -1
 			}},
 		{name: "etcd: torch's TLS keys, timeout as the join timeout, a lease TTL",
-			set: map[string]string{"rdzv-backend": "etcd", "rdzv-endpoint": "e1",
+			set: map[string]string{"rdzv-backend": "etcd", "rdzv-id": "j1", "rdzv-endpoint": "e1",
 				"rdzv-conf": "protocol=https,cacert=ca.pem,cert=c.pem,key=k.pem,timeout=30,last_call_timeout=2,read_timeout=5,lease_ttl=3"},
 			want: func(s elastic.Spec) bool {
 				e, d := s.Etcd, s.Dynamic
@@ -138,7 +138,7 @@ func TestResolveRendezvous(t *testing.T) {
 					d.FailureGrace == 6*time.Second
 			}},
 		{name: "etcd: torch's ttl is the lease TTL",
-			set: map[string]string{"rdzv-backend": "etcd", "rdzv-conf": "ttl=4,join_timeout=9"},
+			set: map[string]string{"rdzv-backend": "etcd", "rdzv-id": "j1", "rdzv-conf": "ttl=4,join_timeout=9"},
 			want: func(s elastic.Spec) bool {
 				return s.Etcd.LeaseTTL == 4*time.Second && s.Dynamic.JoinTimeout == 9*time.Second
 			}},
@@ -152,6 +152,8 @@ func TestResolveRendezvous(t *testing.T) {
 			set: map[string]string{"rdzv-backend": "etcd", "rdzv-conf": "lease_ttl=0.5"}, wantErr: "lease_ttl"},
 		{name: "etcd: a bad member",
 			set: map[string]string{"rdzv-backend": "etcd", "rdzv-endpoint": "e1:2379,e2:x"}, wantErr: `--rdzv-endpoint "e2:x"`},
+		{name: "etcd: a job's own id",
+			set: map[string]string{"rdzv-backend": "etcd"}, wantErr: "needs a --rdzv-id"},
 		{name: "a backend gorun lacks",
 			set: map[string]string{"rdzv-backend": "zookeeper"}, wantErr: "want static, c10d or etcd"},
 		{name: "torch's keep-alive names are the heartbeats",

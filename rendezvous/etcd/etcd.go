@@ -259,6 +259,23 @@ func (h *Handler) Current() *rendezvous.RoundInfo {
 	return h.round
 }
 
+// Nodes returns the participants of this node's round, in group-rank
+// order, from the roster it read when the round was decided.
+func (h *Handler) Nodes(context.Context) ([]rendezvous.NodeInfo, error) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.round == nil {
+		return nil, errors.New("rendezvous/etcd: no round yet")
+	}
+	nodes := make([]rendezvous.NodeInfo, len(h.roster.Nodes))
+	first := 0
+	for i, m := range h.roster.Nodes {
+		nodes[i] = rendezvous.NodeInfo{ID: m.ID, Host: m.Host, Addr: m.Addr, NProc: m.NProc, GroupRank: i, FirstRank: first}
+		first += m.NProc
+	}
+	return nodes, nil
+}
+
 // ensureLease grants this node's lease unless it holds one, and keeps it
 // alive with etcd's keep-alives until Close; when they stop (the lease
 // lapsed: etcd was out of reach for a TTL), the node's round ends, and the
