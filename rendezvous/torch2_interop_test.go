@@ -136,7 +136,7 @@ func TestTorch2ClientAgainstOurServer(t *testing.T) {
 	waitUntil(t, func() bool {
 		srv.table.mu.Lock()
 		defer srv.table.mu.Unlock()
-		return len(srv.table.waiting["/woken"]) > 0
+		return srv.table.waitingOn("/woken") > 0
 	})
 	mustDo(t, NewPrefixStore("", srv.Store()).Set(context.Background(), "woken", []byte("by go")))
 	expect("woken", "by go")
@@ -185,7 +185,7 @@ func TestTorch2ClientSameOnBothServers(t *testing.T) {
 		waitUntil(t, func() bool {
 			srv.table.mu.Lock()
 			defer srv.table.mu.Unlock()
-			return len(srv.table.waiting["/woken"]) > 0
+			return srv.table.waitingOn("/woken") > 0
 		})
 		mustDo(t, NewPrefixStore("", srv.Store()).Set(context.Background(), "woken", []byte("by go")))
 	})
