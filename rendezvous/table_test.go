@@ -169,7 +169,7 @@ func TestTableWaitCountsMissingKeys(t *testing.T) {
 		t.Fatal("fired with c missing")
 	}
 	_ = tbl.set(local, "b", nil) // a second write is no second creation
-	tbl.delete("a")   // nor does a delete count
+	tbl.delete("a")              // nor does a delete count
 	if isDone(w) {
 		t.Fatal("fired with c missing")
 	}

@@ -134,8 +134,6 @@ func TestTorch2ClientAgainstOurServer(t *testing.T) {
 
 	expect("waiting", true)
 	waitUntil(t, func() bool {
-		srv.table.mu.Lock()
-		defer srv.table.mu.Unlock()
 		return srv.table.waitingOn("/woken") > 0
 	})
 	mustDo(t, NewPrefixStore("", srv.Store()).Set(context.Background(), "woken", []byte("by go")))
@@ -183,8 +181,6 @@ func TestTorch2ClientSameOnBothServers(t *testing.T) {
 	srv, addr, _ := startServer(t, ServerOptions{})
 	ours := run(addr, func() {
 		waitUntil(t, func() bool {
-			srv.table.mu.Lock()
-			defer srv.table.mu.Unlock()
 			return srv.table.waitingOn("/woken") > 0
 		})
 		mustDo(t, NewPrefixStore("", srv.Store()).Set(context.Background(), "woken", []byte("by go")))

@@ -173,8 +173,6 @@ func TestTorchClientAgainstOurServer(t *testing.T) {
 
 	expect("waiting", true)
 	waitUntil(t, func() bool {
-		srv.table.mu.Lock()
-		defer srv.table.mu.Unlock()
 		return srv.table.waitingOn("/woken") > 0
 	})
 	mustDo(t, NewPrefixStore("", srv.Store()).Set(context.Background(), "woken", []byte("by go")))
