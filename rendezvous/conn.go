@@ -149,12 +149,21 @@ func (c *conn) nudge() {
 	}
 }
 
-// drain returns, during Shutdown, the bytes of a request that already
-// reached the kernel: a client's SET, which has no reply, is applied
-// rather than dropped. Nothing there ends the connection.
+// drainGrace is how long Shutdown waits on an idle connection for bytes
+// already on their way: a request sent just before is served.
+const drainGrace = 20 * time.Millisecond
+
+// drain returns, during Shutdown, the bytes of a request that reached the
+// kernel or arrive within drainGrace: a client's SET, which has no reply,
+// is applied rather than dropped. Nothing there ends the connection.
 func (c *conn) drain(p []byte) (int, error) {
+	n := readAvailable(c.nc, p)
+	if n == 0 {
+		_ = c.nc.SetReadDeadline(time.Now().Add(drainGrace))
+		n, _ = c.nc.Read(p)
+	}
 	_ = c.nc.SetReadDeadline(time.Time{})
-	if n := readAvailable(c.nc, p); n > 0 {
+	if n > 0 {
 		c.atBoundary = false
 		return n, nil
 	}
