@@ -464,3 +464,34 @@ func TestAdversaryAll(t *testing.T) {
 	}
 	logFigures(t, srv, rounds)
 }
+
+// TestAdversaryListManyKeys: LIST of many keys copies them under the
+// table lock and sorts outside it; other clients' requests go on.
+func TestAdversaryListManyKeys(t *testing.T) {
+	const keys = 300000
+	srv, addr, _ := startServer(t, ServerOptions{})
+	tbl := srv.table
+	for i := range keys {
+		_ = tbl.set(local, fmt.Sprintf("/k/%07d", i), nil)
+	}
+	c := dialV2(t, addr)
+	good := dialClient(t, addr, ClientOptions{Timeout: testTimeout})
+	start := time.Now()
+	c.send(listV2())
+	var worst time.Duration
+	for range 20 {
+		t0 := time.Now()
+		if _, err := good.NumKeys(ctxTimeout(t, testTimeout)); err != nil {
+			t.Fatal(err)
+		}
+		worst = max(worst, time.Since(t0))
+	}
+	c.expect(i64(keys))
+	for i := range keys {
+		c.expect(str(fmt.Sprintf("/k/%07d", i)))
+	}
+	t.Logf("LIST of %d keys in %v; a concurrent NUM_KEYS waited at most %v", keys, time.Since(start), worst)
+	if m := srv.Stats().Memory; m > int64(keys*(entryCost+16)+1<<20) {
+		t.Errorf("%d bytes charged after LIST", m)
+	}
+}
