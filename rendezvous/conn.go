@@ -6,7 +6,9 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"os"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -15,25 +17,45 @@ import (
 
 // conn serves one client connection. Its goroutine reads and handles
 // requests in order; replies to them are buffered and flushed before the
-// next read from the network (flushingReader). Other goroutines write too:
-// one per pending WAIT (its STOP_WAITING) and one per 1.13 watch socket
-// (events); wmu keeps every frame whole.
+// next read from the network (connReader). One other goroutine at a time
+// may write: the flusher of fired WAITs, started when one fires, or the
+// pusher of a 1.13 watch socket's events; wmu keeps every frame whole.
+// A pending WAIT costs no goroutine.
 type conn struct {
-	srv *Server
-	nc  net.Conn
-	log zerolog.Logger
-	r   frameReader
+	srv    *Server
+	nc     net.Conn
+	log    zerolog.Logger
+	r      frameReader
+	peer   string    // the remote host, for refusal warnings
+	opened time.Time // when accepted, to evict the oldest handshake
 
 	wmu     sync.Mutex
 	w       frameWriter
 	pending map[*waiter]struct{} // WAITs not yet answered; guarded by wmu
 
-	watcher *watcher // this connection's 1.13 watches; reader goroutine only
+	fmu      sync.Mutex
+	fired    []*waiter // released WAITs whose STOP_WAITING is owed
+	flushing bool      // a flusher goroutine runs
+
+	holds   atomic.Int32 // pending WAITs and watches: the connection is not idle
+	watcher *watcher     // this connection's 1.13 watches; reader goroutine only
+
+	// Reader state, for Shutdown and eviction; guarded by smu.
+	smu        sync.Mutex
+	idle       bool // blocked reading between requests
+	idleSince  time.Time
+	nudged     bool // Shutdown set a past read deadline to wake it
+	handshaken bool // a valid first request came
+	atBoundary bool // reader goroutine only: the next byte starts a request
 }
 
 // Per-connection buffer sizes, kept small: torch 1.13 clients hold a second,
 // idle connection each.
 const connBufferSize = 4 << 10
+
+// errServerClosing ends a connection at a request boundary once Shutdown
+// has begun.
+var errServerClosing = errors.New("rendezvous: server shutting down")
 
 func newConn(s *Server, nc net.Conn) *conn {
 	c := &conn{
@@ -41,11 +63,17 @@ func newConn(s *Server, nc net.Conn) *conn {
 		nc:      nc,
 		log:     s.log.With().Stringer("remote", nc.RemoteAddr()).Logger(),
 		pending: make(map[*waiter]struct{}),
+		opened:  time.Now(),
+	}
+	c.peer = nc.RemoteAddr().String()
+	if host, _, err := net.SplitHostPort(c.peer); err == nil {
+		c.peer = host
 	}
 	c.w = frameWriter{w: bufio.NewWriterSize(nc, connBufferSize)}
 	c.r = frameReader{
-		r:   bufio.NewReaderSize(flushingReader{flush: c.flush, r: nc}, connBufferSize),
+		r:   bufio.NewReaderSize(connReader{c}, connBufferSize),
 		lim: s.limits,
+		mem: s.budget,
 	}
 	return c
 }
@@ -56,20 +84,142 @@ func (c *conn) flush() error {
 	return c.w.w.Flush()
 }
 
-// stopReading makes the reader goroutine stop before its next request,
-// once it has sent the replies it owes.
-func (c *conn) stopReading() {
-	_ = c.nc.SetReadDeadline(time.Unix(1, 0))
+// connReader reads for the connection's bufio.Reader. It flushes owed
+// replies before each read from the network, so that replies to a batch
+// of pipelined requests leave in one write and no reply is held back
+// while its sender waits for input. Between requests it marks the
+// connection idle, which is when Shutdown may close it.
+type connReader struct{ c *conn }
+
+func (r connReader) Read(p []byte) (int, error) {
+	c := r.c
+	if err := c.flush(); err != nil {
+		return 0, err
+	}
+	if !c.atBoundary {
+		return c.nc.Read(p) // inside a request: finish it
+	}
+	if c.enterIdle() {
+		return c.drain(p)
+	}
+	n, err := c.nc.Read(p)
+	c.leaveIdle()
+	if n == 0 && err != nil && c.srv.shuttingDown() && errors.Is(err, os.ErrDeadlineExceeded) {
+		return c.drain(p) // woken by Shutdown
+	}
+	if n > 0 {
+		c.atBoundary = false
+	}
+	return n, err
+}
+
+// enterIdle marks the reader idle before it waits for a request, unless
+// Shutdown has begun, which it reports. Checking the flag and marking
+// under smu, as Shutdown's nudge does, means that either this sees the
+// shutdown or the nudge sees the idle reader.
+func (c *conn) enterIdle() (closing bool) {
+	c.smu.Lock()
+	defer c.smu.Unlock()
+	if c.srv.shuttingDown() {
+		return true
+	}
+	c.idle, c.idleSince = true, time.Now()
+	return false
+}
+
+func (c *conn) leaveIdle() {
+	c.smu.Lock()
+	defer c.smu.Unlock()
+	c.idle = false
+	if c.nudged {
+		// Data came with the nudge: its request must finish unhurried.
+		c.nudged = false
+		_ = c.nc.SetReadDeadline(time.Time{})
+	}
+}
+
+// nudge wakes a reader idle between requests so that it sees Shutdown;
+// a request being read or a reply being written is left to complete.
+func (c *conn) nudge() {
+	c.smu.Lock()
+	defer c.smu.Unlock()
+	if c.idle && !c.nudged {
+		c.nudged = true
+		_ = c.nc.SetReadDeadline(time.Unix(1, 0))
+	}
+}
+
+// drainGrace is how long Shutdown waits on an idle connection for bytes
+// already on their way: a request sent just before is served.
+const drainGrace = 20 * time.Millisecond
+
+// drain returns, during Shutdown, the bytes of a request that reached the
+// kernel or arrive within drainGrace: a client's SET, which has no reply,
+// is applied rather than dropped. Nothing there ends the connection.
+func (c *conn) drain(p []byte) (int, error) {
+	n := readAvailable(c.nc, p)
+	if n == 0 {
+		_ = c.nc.SetReadDeadline(time.Now().Add(drainGrace))
+		n, _ = c.nc.Read(p)
+	}
+	_ = c.nc.SetReadDeadline(time.Time{})
+	if n > 0 {
+		c.atBoundary = false
+		return n, nil
+	}
+	return 0, errServerClosing
+}
+
+// handshook notes a valid first request: the connection leaves the
+// handshake deadline and the handshake count.
+func (c *conn) handshook() {
+	c.smu.Lock()
+	if c.handshaken {
+		c.smu.Unlock()
+		return
+	}
+	c.handshaken = true
+	if !c.nudged {
+		_ = c.nc.SetReadDeadline(time.Time{})
+	}
+	c.smu.Unlock()
+	c.srv.handshook(c)
+}
+
+// idleFor reports how long the connection has been idle while holding
+// nothing, or false if it is busy or holds a WAIT or a watch.
+func (c *conn) idleFor(now time.Time) (time.Duration, bool) {
+	if c.holds.Load() != 0 {
+		return 0, false
+	}
+	c.smu.Lock()
+	defer c.smu.Unlock()
+	if !c.idle {
+		return 0, false
+	}
+	return now.Sub(c.idleSince), true
 }
 
 func (c *conn) serve() {
 	defer c.close()
+	c.atBoundary = true
 	d, err := c.r.detectDialect()
+	if err == nil && d == DialectV2 {
+		c.handshook()
+	}
 	for err == nil {
+		c.atBoundary = c.r.r.Buffered() == 0
 		var req request
 		if req, err = c.r.readRequest(d); err == nil {
-			err = c.handle(&req)
+			c.r.releaseHeld() // the table charges what it keeps
+			if err = c.handle(&req); err == nil {
+				c.handshook()
+			}
 		}
+		c.r.releaseHeld()
+	}
+	if errors.Is(err, errServerClosing) {
+		_ = c.flush()
 	}
 	c.logEnd(d, err)
 }
@@ -79,7 +229,7 @@ func (c *conn) close() {
 	c.nc.Close()
 	c.wmu.Lock()
 	for w := range c.pending {
-		c.srv.table.cancel(w) // its goroutine then finds it gone and exits
+		c.srv.table.cancel(w)
 	}
 	clear(c.pending)
 	c.wmu.Unlock()
@@ -95,22 +245,52 @@ func (c *conn) close() {
 // a hand-made client, gets here.
 var errMissingKey = errors.New("rendezvous: no such key")
 
-// logEnd logs why the connection ended: at debug for ordinary hang-ups and
-// for GET of a missing key, at warn for a peer breaking the protocol.
+// logEnd logs why the connection ended: at debug for ordinary hang-ups,
+// for GET of a missing key and for a silent connection timed out; at warn,
+// rate-limited, for a peer breaking the protocol; at warn, once per peer
+// per minute, for a request refused for the memory budget.
 func (c *conn) logEnd(d Dialect, err error) {
 	var frameErr *frameError
 	switch {
-	case c.srv.shuttingDown(), errors.Is(err, net.ErrClosed):
+	case c.srv.shuttingDown(), errors.Is(err, net.ErrClosed), errors.Is(err, errServerClosing):
 		c.log.Debug().Stringer("dialect", d).Msg("connection closed by server")
 	case errors.Is(err, io.EOF), errors.Is(err, syscall.ECONNRESET):
 		c.log.Debug().Stringer("dialect", d).Msg("connection closed by peer")
 	case errors.Is(err, errMissingKey):
 		c.log.Debug().Stringer("dialect", d).Err(err).Msg("closing connection on a get of a missing key")
+	case errors.Is(err, ErrOverBudget):
+		c.srv.refusedRequests.Add(1)
+		if c.srv.refusalLog.allow(c.peer, time.Now()) {
+			c.log.Warn().Str("peer", c.peer).Int64("budget", c.srv.budget.limit).Err(err).
+				Msg("refused a request past the store's memory budget; closing that connection (logged once a minute per peer)")
+		}
+	case errors.Is(err, os.ErrDeadlineExceeded) && !c.isHandshaken():
+		c.srv.timedOutConns.Add(1)
+		c.log.Debug().Dur("timeout", c.srv.handshakeTimeout).Msg("closing connection that sent no valid request in time")
 	case errors.As(err, &frameErr):
-		c.log.Warn().Stringer("dialect", d).Err(err).Msg("closing connection on a bad frame")
+		c.warnLimited(d, err, "closing connection on a bad frame")
 	default:
-		c.log.Warn().Stringer("dialect", d).Err(err).Msg("closing connection")
+		c.warnLimited(d, err, "closing connection")
 	}
+}
+
+// warnLimited logs a protocol violation within the server's rate.
+func (c *conn) warnLimited(d Dialect, err error, msg string) {
+	ok, suppressed := c.srv.badFrameLog.allow(time.Now())
+	if !ok {
+		return
+	}
+	e := c.log.Warn().Stringer("dialect", d).Err(err)
+	if suppressed > 0 {
+		e = e.Int("suppressed", suppressed)
+	}
+	e.Msg(msg)
+}
+
+func (c *conn) isHandshaken() bool {
+	c.smu.Lock()
+	defer c.smu.Unlock()
+	return c.handshaken
 }
 
 // handle executes one request and buffers its reply. An error ends the
@@ -123,15 +303,21 @@ func (c *conn) handle(req *request) error {
 			return &frameError{reason: fmt.Sprintf("bad validate magic %#x", req.nonce)}
 		}
 	case opSet:
-		t.set(req.key, req.value)
+		return opErr("set", req.key, t.set(remote, req.key, req.value))
 	case opAppend:
-		t.append(req.key, req.value)
+		return opErr("append", req.key, t.append(remote, req.key, req.value))
 	case opMultiSet:
-		t.multiSet(req.keys, req.values)
+		if err := t.multiSet(remote, req.keys, req.values); err != nil {
+			return &OpError{Op: "multi_set", Keys: req.keys, Err: err}
+		}
 	case opQueuePush:
-		t.queuePush(req.key, req.value)
+		return opErr("queue_push", req.key, t.queuePush(remote, req.key, req.value))
 	case opCompareSet:
-		c.reply(func(w *frameWriter) { w.putBytes(t.compareSet(req.key, req.expected, req.value)) })
+		v, err := t.compareSet(remote, req.key, req.expected, req.value)
+		if err != nil {
+			return opErr("compare_set", req.key, err)
+		}
+		c.reply(func(w *frameWriter) { w.putBytes(v) })
 	case opGet:
 		v, ok := t.get(req.key)
 		if !ok {
@@ -149,9 +335,9 @@ func (c *conn) handle(req *request) error {
 			}
 		})
 	case opAdd:
-		n, err := t.add(req.key, req.delta)
+		n, err := t.add(remote, req.key, req.delta)
 		if err != nil {
-			return &OpError{Op: "add", Keys: []string{req.key}, Err: err}
+			return opErr("add", req.key, err)
 		}
 		c.reply(func(w *frameWriter) { w.putI64(n) })
 	case opCheck:
@@ -161,7 +347,9 @@ func (c *conn) handle(req *request) error {
 		}
 		c.reply(func(w *frameWriter) { w.putU8(code) })
 	case opWait:
-		c.wait(req.keys)
+		if err := c.wait(req.keys); err != nil {
+			return &OpError{Op: "wait", Keys: req.keys, Err: err}
+		}
 	case opCancelWait:
 		c.cancelWaits()
 	case opNumKeys:
@@ -173,7 +361,7 @@ func (c *conn) handle(req *request) error {
 		}
 		c.reply(func(w *frameWriter) { w.putI64(n) })
 	case opWatchKey:
-		c.watch(req.key)
+		return opErr("watch_key", req.key, c.watch(req.key))
 	case opPing:
 		c.reply(func(w *frameWriter) { w.putU32(req.nonce) })
 	case opQueuePop:
@@ -187,15 +375,27 @@ func (c *conn) handle(req *request) error {
 	case opQueueLen:
 		c.reply(func(w *frameWriter) { w.putI64(t.queueLen(req.key)) })
 	case opList:
-		keys := t.list()
+		keys, cost, err := t.list(remote)
+		if err != nil {
+			return &OpError{Op: "list", Err: err}
+		}
 		c.reply(func(w *frameWriter) {
 			w.putI64(int64(len(keys)))
 			for _, k := range keys {
 				w.putString(k)
 			}
 		})
+		t.mem.release(cost)
 	}
 	return nil
+}
+
+// opErr wraps a failed single-key operation, or returns nil.
+func opErr(op, key string, err error) error {
+	if err == nil {
+		return nil
+	}
+	return &OpError{Op: op, Keys: []string{key}, Err: err}
 }
 
 // reply buffers a reply under the writer lock. Write errors stick in the
@@ -208,34 +408,68 @@ func (c *conn) reply(write func(*frameWriter)) {
 
 // wait answers STOP_WAITING now if every key exists, else once they do.
 // There is no server-side timeout: the client gives up by CANCEL_WAIT (v2)
-// or by hanging up.
-func (c *conn) wait(keys []string) {
-	w := c.srv.table.wait(keys)
+// or by hanging up. Registering under wmu puts the waiter in pending
+// before its flusher can look for it.
+func (c *conn) wait(keys []string) error {
 	c.wmu.Lock()
 	defer c.wmu.Unlock()
+	w, err := c.srv.table.waitFunc(remote, keys, c.fire)
+	if err != nil {
+		return err
+	}
 	if w == nil {
 		c.w.putU8(stopWaiting)
-		return
+		return nil
 	}
 	c.pending[w] = struct{}{}
-	c.srv.wg.Add(1)
-	go c.replyWhenReady(w)
+	c.holds.Add(1)
+	return nil
 }
 
-// replyWhenReady sends w's STOP_WAITING when it fires, unless the
-// connection withdrew it first.
-func (c *conn) replyWhenReady(w *waiter) {
-	defer c.srv.wg.Done()
-	<-w.done
-	c.wmu.Lock()
-	defer c.wmu.Unlock()
-	if _, ok := c.pending[w]; !ok {
-		return // cancelled, or answered by cancelWaits
+// fire is called by the table, under its lock, when one of this
+// connection's waiters is released by the keys it waited for. It queues
+// the STOP_WAITING for a flusher goroutine, starting one if none runs:
+// goroutines follow wake-ups, not waits.
+func (c *conn) fire(w *waiter) {
+	c.fmu.Lock()
+	defer c.fmu.Unlock()
+	c.fired = append(c.fired, w)
+	if !c.flushing {
+		c.flushing = true
+		c.srv.wg.Add(1)
+		go c.flushFired()
 	}
-	delete(c.pending, w)
-	c.w.putU8(stopWaiting)
-	if err := c.w.w.Flush(); err != nil {
-		c.nc.Close() // the reader goroutine ends the connection
+}
+
+// flushFired sends the STOP_WAITINGs owed for fired waiters until none
+// is left, skipping those the connection withdrew meanwhile.
+func (c *conn) flushFired() {
+	defer c.srv.wg.Done()
+	for {
+		c.wmu.Lock()
+		c.fmu.Lock()
+		batch := c.fired
+		c.fired = nil
+		if len(batch) == 0 {
+			c.flushing = false
+			c.fmu.Unlock()
+			c.wmu.Unlock()
+			return
+		}
+		c.fmu.Unlock()
+		for _, w := range batch {
+			if _, ok := c.pending[w]; !ok {
+				continue // answered by cancelWaits, or the connection closed
+			}
+			delete(c.pending, w)
+			c.holds.Add(-1)
+			c.w.putU8(stopWaiting)
+		}
+		err := c.w.w.Flush()
+		c.wmu.Unlock()
+		if err != nil {
+			c.nc.Close() // the reader goroutine ends the connection
+		}
 	}
 }
 
@@ -251,6 +485,7 @@ func (c *conn) cancelWaits() {
 			c.w.putU8(stopWaiting)
 		}
 		delete(c.pending, w)
+		c.holds.Add(-1)
 	}
 	c.w.putU8(waitCanceled)
 }
@@ -258,16 +493,20 @@ func (c *conn) cancelWaits() {
 // watch registers a 1.13 WATCH_KEY: it acknowledges, then pushes an event
 // for each later change of key. Registering and acknowledging under wmu
 // puts the acknowledgement before any event.
-func (c *conn) watch(key string) {
+func (c *conn) watch(key string) error {
 	c.wmu.Lock()
 	defer c.wmu.Unlock()
 	if c.watcher == nil {
 		c.watcher = newWatcher()
+		c.holds.Add(1)
 		c.srv.wg.Add(1)
 		go c.pushEvents(c.watcher)
 	}
-	c.srv.table.watch(key, c.watcher)
+	if err := c.srv.table.watch(remote, key, c.watcher); err != nil {
+		return err
+	}
 	c.w.putU8(keyWatchRegistered)
+	return nil
 }
 
 // pushEvents writes w's events until the table drops it.

@@ -62,7 +62,7 @@ func (s *MemoryStore) Set(ctx context.Context, key string, value []byte) error {
 	if err != nil {
 		return err
 	}
-	s.table.set(k[0], bytes.Clone(value))
+	_ = s.table.set(local, k[0], bytes.Clone(value)) // local writes are never refused
 	return nil
 }
 
@@ -79,7 +79,7 @@ func (s *MemoryStore) Add(ctx context.Context, key string, delta int64) (int64, 
 	if err != nil {
 		return 0, err
 	}
-	n, err := s.table.add(k[0], delta)
+	n, err := s.table.add(local, k[0], delta)
 	if err != nil {
 		return 0, &OpError{Op: "add", Keys: k, Err: err}
 	}
@@ -91,7 +91,8 @@ func (s *MemoryStore) CompareSet(ctx context.Context, key string, expected, desi
 	if err != nil {
 		return nil, err
 	}
-	return bytes.Clone(s.table.compareSet(k[0], bytes.Clone(expected), bytes.Clone(desired))), nil
+	v, _ := s.table.compareSet(local, k[0], bytes.Clone(expected), bytes.Clone(desired)) // never refused
+	return bytes.Clone(v), nil
 }
 
 func (s *MemoryStore) Check(ctx context.Context, keys []string) (bool, error) {
@@ -145,7 +146,7 @@ func (s *MemoryStore) MultiSet(ctx context.Context, keys []string, values [][]by
 	for i, v := range values {
 		cloned[i] = bytes.Clone(v)
 	}
-	s.table.multiSet(k, cloned)
+	_ = s.table.multiSet(local, k, cloned) // never refused
 	return nil
 }
 
@@ -154,7 +155,10 @@ func (s *MemoryStore) Append(ctx context.Context, key string, value []byte) erro
 	if err != nil {
 		return err
 	}
-	s.table.append(k[0], value) // the table copies into a new slice
+	// The table copies value; only the server's value cap can refuse it.
+	if err := s.table.append(local, k[0], value); err != nil {
+		return &OpError{Op: "append", Keys: k, Err: err}
+	}
 	return nil
 }
 

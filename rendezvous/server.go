@@ -32,6 +32,40 @@ type ServerOptions struct {
 	// MaxKeysPerRequest bounds the keys of one CHECK, WAIT or MULTI_*
 	// request (default DefaultMaxKeysPerRequest).
 	MaxKeysPerRequest int
+
+	// Resources shared by all clients; see limits.go. Zero means the
+	// default, a negative value no limit.
+
+	// MaxConns bounds open connections (default DefaultMaxConns). At the
+	// cap a new connection takes the place of one that has not sent a
+	// valid request, or of one idle for IdleTimeout holding nothing; if
+	// there is none, it is closed.
+	MaxConns int
+	// MaxHandshakes bounds connections that have not sent a valid first
+	// request; past it the oldest is closed (default DefaultMaxHandshakes).
+	MaxHandshakes int
+	// HandshakeTimeout closes a connection that sends no valid first
+	// request in time (default DefaultHandshakeTimeout). torch 1.13's
+	// silent second connection is closed so, which its client tolerates.
+	HandshakeTimeout time.Duration
+	// IdleTimeout is how long a connection holding nothing (no pending
+	// WAIT or watch) must have been idle before it may be closed to make
+	// room for a new connection at MaxConns (default DefaultIdleTimeout).
+	// Idle connections are never closed otherwise: torch's clients do not
+	// reconnect, and a worker may hold its store idle for days of
+	// training before it needs it again.
+	IdleTimeout time.Duration
+	// MaxMemory is the memory budget for keys, values, waiters, watches,
+	// connection buffers and requests being read (default
+	// DefaultMaxMemory). A client request past it is refused with
+	// ErrOverBudget and its connection closed; a value over 64 KiB may use
+	// only seven eighths of it, so that small rendezvous keys still fit.
+	MaxMemory int64
+	// FDReserve is how many file descriptors of the process's
+	// RLIMIT_NOFILE the server leaves to the rest of the process (default
+	// DefaultFDReserve, at most a quarter of the limit): new connections
+	// are closed at once when fewer would be left.
+	FDReserve int
 }
 
 func (o ServerOptions) limits() limits {
@@ -56,6 +90,7 @@ type Server struct {
 	log    zerolog.Logger
 	limits limits
 	table  *table
+	guard  // resource limits and their figures (limits.go)
 
 	mu        sync.Mutex
 	listeners map[net.Listener]struct{}
@@ -68,7 +103,7 @@ type Server struct {
 
 // NewServer returns a Server with an empty store.
 func NewServer(opts ServerOptions) *Server {
-	return &Server{
+	s := &Server{
 		log:       opts.Logger,
 		limits:    opts.limits(),
 		table:     newTable(),
@@ -76,6 +111,10 @@ func NewServer(opts ServerOptions) *Server {
 		conns:     make(map[*conn]struct{}),
 		done:      make(chan struct{}),
 	}
+	s.guard = newGuard(opts, s.limits)
+	s.table.mem = s.budget
+	s.table.maxValueLen = int(s.limits.maxValueLen)
+	return s
 }
 
 // Store returns an in-process view of the served store for the process
@@ -162,7 +201,7 @@ func (s *Server) startConn(nc net.Conn) {
 	c := newConn(s, nc)
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.shutdown {
+	if s.shutdown || !s.admitLocked(c) {
 		nc.Close()
 		return
 	}
@@ -177,15 +216,17 @@ func (s *Server) startConn(nc net.Conn) {
 func (s *Server) forgetConn(c *conn) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	delete(s.conns, c)
+	s.dropLocked(c)
 }
 
-// Shutdown stops accepting, lets each connection finish the request it is
-// handling and send its replies, then closes it. Pending waits are
-// dropped: their clients see the connection close. If ctx ends first,
-// Shutdown closes what remains and returns ctx's error.
+// Shutdown stops accepting and closes connections by their state, as
+// net/http's Server.Shutdown does: a connection idle between requests is
+// closed at once, after the requests whose bytes have already arrived; a
+// request being read, and a reply being written, complete first. Pending
+// waits are dropped: their clients see the connection close. If ctx ends
+// first, Shutdown closes what remains and returns ctx's error.
 func (s *Server) Shutdown(ctx context.Context) error {
-	err := s.beginShutdown(func(c *conn) { c.stopReading() })
+	err := s.beginShutdown(func(c *conn) { c.nudge() })
 	finished := make(chan struct{})
 	go func() {
 		s.wg.Wait()

@@ -310,7 +310,7 @@ func TestServerWaitWakeUps(t *testing.T) {
 		// accepts as 00 then 01.
 		conn := onlyConn(t, srv)
 		conn.wmu.Lock()
-		srv.table.set("/k", nil)
+		_ = srv.table.set(local, "/k", nil)
 		c.send(cancelWaitV2())
 		// Let the reader reach cancelWaits and block there too. Whichever
 		// goroutine then wins the writer, the reply must be 00 then 01.

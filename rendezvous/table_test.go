@@ -52,8 +52,8 @@ func TestTableAdd(t *testing.T) {
 		{"12abc", 13}, {"  7", 8}, {"+4", 5}, {"0x10", 1},
 		{strconv.FormatInt(math.MaxInt64, 10), math.MinInt64}, // wraps
 	} {
-		tbl.set("k", []byte(tc.stored))
-		got, err := tbl.add("k", 1)
+		_ = tbl.set(local, "k", []byte(tc.stored))
+		got, err := tbl.add(local, "k", 1)
 		if err != nil || got != tc.want {
 			t.Errorf("add 1 to %q = %d, %v; want %d", tc.stored, got, err, tc.want)
 		}
@@ -62,15 +62,15 @@ func TestTableAdd(t *testing.T) {
 		}
 	}
 	for _, bad := range []string{"", "P", "99999999999999999999"} {
-		tbl.set("k", []byte(bad))
-		if _, err := tbl.add("k", 1); err == nil {
+		_ = tbl.set(local, "k", []byte(bad))
+		if _, err := tbl.add(local, "k", 1); err == nil {
 			t.Errorf("add to %q succeeded", bad)
 		}
 		if v, _ := tbl.get("k"); string(v) != bad {
 			t.Errorf("failed add changed %q to %q", bad, v)
 		}
 	}
-	if n, err := tbl.add("missing", -3); n != -3 || err != nil {
+	if n, err := tbl.add(local, "missing", -3); n != -3 || err != nil {
 		t.Errorf("add to a missing key = %d, %v; want -3", n, err)
 	}
 }
@@ -93,9 +93,9 @@ func TestTableCompareSet(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			tbl := newTable()
 			if tc.stored != nil {
-				tbl.set("k", []byte(*tc.stored))
+				_ = tbl.set(local, "k", []byte(*tc.stored))
 			}
-			if got := tbl.compareSet("k", []byte(tc.expected), []byte(tc.desired)); string(got) != tc.reply {
+			if got, _ := tbl.compareSet(local, "k", []byte(tc.expected), []byte(tc.desired)); string(got) != tc.reply {
 				t.Errorf("reply %q, want %q", got, tc.reply)
 			}
 			v, ok := tbl.get("k")
@@ -115,15 +115,15 @@ func TestTableWakeUps(t *testing.T) {
 		write func(*table)
 		wakes bool
 	}{
-		{"set", func(t *table) { t.set("k", []byte("v")) }, true},
-		{"add", func(t *table) { _, _ = t.add("k", 1) }, true},
-		{"append", func(t *table) { t.append("k", []byte("v")) }, true},
-		{"multi_set", func(t *table) { t.multiSet([]string{"x", "k"}, [][]byte{nil, nil}) }, true},
-		{"compare_set creating", func(t *table) { t.compareSet("k", nil, []byte("v")) }, true},
-		{"compare_set failing", func(t *table) { t.compareSet("k", []byte("x"), []byte("v")) }, false},
+		{"set", func(t *table) { _ = t.set(local, "k", []byte("v")) }, true},
+		{"add", func(t *table) { _, _ = t.add(local, "k", 1) }, true},
+		{"append", func(t *table) { _ = t.append(local, "k", []byte("v")) }, true},
+		{"multi_set", func(t *table) { _ = t.multiSet(local, []string{"x", "k"}, [][]byte{nil, nil}) }, true},
+		{"compare_set creating", func(t *table) { _, _ = t.compareSet(local, "k", nil, []byte("v")) }, true},
+		{"compare_set failing", func(t *table) { _, _ = t.compareSet(local, "k", []byte("x"), []byte("v")) }, false},
 		{"delete", func(t *table) { t.delete("k") }, false},
-		{"other key", func(t *table) { t.set("other", nil) }, false},
-		{"queue_push", func(t *table) { t.queuePush("k", []byte("v")) }, true},
+		{"other key", func(t *table) { _ = t.set(local, "other", nil) }, false},
+		{"queue_push", func(t *table) { _ = t.queuePush(local, "k", []byte("v")) }, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			tbl := newTable()
@@ -156,7 +156,7 @@ func isDone(w *waiter) bool {
 
 func TestTableWaitCountsMissingKeys(t *testing.T) {
 	tbl := newTable()
-	tbl.set("a", nil)
+	_ = tbl.set(local, "a", nil)
 	if w := tbl.wait(nil); w != nil {
 		t.Fatal("a wait on no keys must be ready at once")
 	}
@@ -164,16 +164,16 @@ func TestTableWaitCountsMissingKeys(t *testing.T) {
 		t.Fatal("a wait on present keys must be ready at once")
 	}
 	w := tbl.wait([]string{"a", "b", "c", "b"})
-	tbl.set("b", nil)
+	_ = tbl.set(local, "b", nil)
 	if isDone(w) {
 		t.Fatal("fired with c missing")
 	}
-	tbl.set("b", nil) // a second write is no second creation
-	tbl.delete("a")   // nor does a delete count
+	_ = tbl.set(local, "b", nil) // a second write is no second creation
+	tbl.delete("a")              // nor does a delete count
 	if isDone(w) {
 		t.Fatal("fired with c missing")
 	}
-	tbl.set("c", nil)
+	_ = tbl.set(local, "c", nil)
 	if !isDone(w) {
 		t.Fatal("not fired once every key exists")
 	}
@@ -186,14 +186,14 @@ func TestTableQueues(t *testing.T) {
 	}
 	w1 := tbl.wait([]string{"q"})
 	w2 := tbl.wait([]string{"q"})
-	tbl.queuePush("q", []byte("one"))
+	_ = tbl.queuePush(local, "q", []byte("one"))
 	if !isDone(w1) || isDone(w2) {
 		t.Fatalf("a push must wake exactly the oldest waiter: %v %v", isDone(w1), isDone(w2))
 	}
 	if !tbl.check([]string{"q"}) {
 		t.Error("a non-empty queue counts as existing for check")
 	}
-	tbl.queuePush("q", []byte("two"))
+	_ = tbl.queuePush(local, "q", []byte("two"))
 	if !isDone(w2) {
 		t.Fatal("the second push must wake the second waiter")
 	}
@@ -217,12 +217,12 @@ func TestTableQueues(t *testing.T) {
 func TestTableWatchEvents(t *testing.T) {
 	tbl := newTable()
 	w := newWatcher()
-	tbl.watch("k", w)
-	tbl.set("k", []byte("one"))
-	tbl.set("k", []byte("two"))
-	tbl.append("k", []byte("+"))
-	_, _ = tbl.add("n", 1) // not watched
-	tbl.compareSet("k", []byte("two+"), []byte("3"))
+	_ = tbl.watch(local, "k", w)
+	_ = tbl.set(local, "k", []byte("one"))
+	_ = tbl.set(local, "k", []byte("two"))
+	_ = tbl.append(local, "k", []byte("+"))
+	_, _ = tbl.add(local, "n", 1) // not watched
+	_, _ = tbl.compareSet(local, "k", []byte("two+"), []byte("3"))
 	tbl.delete("k")
 	tbl.unwatch(w)
 	want := []watchEvent{
@@ -250,9 +250,9 @@ func TestTableWatchEvents(t *testing.T) {
 func TestTableWatchOverflowDropsWatcher(t *testing.T) {
 	tbl := newTable()
 	w := newWatcher()
-	tbl.watch("k", w)
+	_ = tbl.watch(local, "k", w)
 	for i := 0; i <= watchBacklog; i++ {
-		tbl.set("k", nil)
+		_ = tbl.set(local, "k", nil)
 	}
 	n := 0
 	for range w.events {
@@ -261,5 +261,5 @@ func TestTableWatchOverflowDropsWatcher(t *testing.T) {
 	if !w.overflowed || n != watchBacklog {
 		t.Fatalf("overflowed = %v after %d events", w.overflowed, n)
 	}
-	tbl.set("k", nil) // no send on the closed channel
+	_ = tbl.set(local, "k", nil) // no send on the closed channel
 }

@@ -134,9 +134,7 @@ func TestTorch2ClientAgainstOurServer(t *testing.T) {
 
 	expect("waiting", true)
 	waitUntil(t, func() bool {
-		srv.table.mu.Lock()
-		defer srv.table.mu.Unlock()
-		return len(srv.table.waiting["/woken"]) > 0
+		return srv.table.waitingOn("/woken") > 0
 	})
 	mustDo(t, NewPrefixStore("", srv.Store()).Set(context.Background(), "woken", []byte("by go")))
 	expect("woken", "by go")
@@ -183,9 +181,7 @@ func TestTorch2ClientSameOnBothServers(t *testing.T) {
 	srv, addr, _ := startServer(t, ServerOptions{})
 	ours := run(addr, func() {
 		waitUntil(t, func() bool {
-			srv.table.mu.Lock()
-			defer srv.table.mu.Unlock()
-			return len(srv.table.waiting["/woken"]) > 0
+			return srv.table.waitingOn("/woken") > 0
 		})
 		mustDo(t, NewPrefixStore("", srv.Store()).Set(context.Background(), "woken", []byte("by go")))
 	})

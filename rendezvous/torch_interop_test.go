@@ -173,9 +173,7 @@ func TestTorchClientAgainstOurServer(t *testing.T) {
 
 	expect("waiting", true)
 	waitUntil(t, func() bool {
-		srv.table.mu.Lock()
-		defer srv.table.mu.Unlock()
-		return len(srv.table.waiting["/woken"]) > 0
+		return srv.table.waitingOn("/woken") > 0
 	})
 	mustDo(t, NewPrefixStore("", srv.Store()).Set(context.Background(), "woken", []byte("by go")))
 	expect("woken", "by go")

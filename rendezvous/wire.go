@@ -3,6 +3,7 @@ package rendezvous
 import (
 	"bufio"
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"io"
 )
@@ -224,6 +225,33 @@ type frameReader struct {
 	r   *bufio.Reader
 	lim limits
 	err error
+
+	// mem, if not nil, is charged for the keys and values of the request
+	// being read before they are allocated; held is what it holds for it.
+	mem  *budget
+	held int64
+}
+
+// reserve charges n bytes about to be read, or fails the frame with
+// ErrOverBudget.
+func (f *frameReader) reserve(n int) {
+	if f.mem == nil || f.err != nil {
+		return
+	}
+	if !f.mem.reserve(int64(n), n > largeWrite) {
+		f.fail(ErrOverBudget)
+		return
+	}
+	f.held += int64(n)
+}
+
+// releaseHeld returns what the last request reserved, once its keys and
+// values are stored (and charged) or dropped.
+func (f *frameReader) releaseHeld() {
+	if f.held != 0 {
+		f.mem.release(f.held)
+		f.held = 0
+	}
 }
 
 // takeErr returns the sticky error and clears it for the next frame.
@@ -279,7 +307,7 @@ func (f *frameReader) readRequest(d Dialect) (request, error) {
 	req := request{op: o}
 	req.visit(f)
 	if err := f.takeErr(); err != nil {
-		if _, ok := err.(*frameError); !ok {
+		if _, ok := err.(*frameError); !ok && !errors.Is(err, ErrOverBudget) {
 			err = &frameError{reason: "truncated " + o.String() + " frame", err: err}
 		}
 		return request{}, err
@@ -335,6 +363,7 @@ func (f *frameReader) readLen(what string, max uint64) int {
 
 func (f *frameReader) readKey() string {
 	n := f.readLen("key length", f.lim.maxKeyLen)
+	f.reserve(n + keyHeaderCost)
 	if f.err != nil || n == 0 {
 		return ""
 	}
@@ -357,6 +386,7 @@ func (f *frameReader) readKey() string {
 
 func (f *frameReader) readValue() []byte {
 	n := f.readLen("value length", f.lim.maxValueLen)
+	f.reserve(n)
 	if f.err != nil {
 		return nil
 	}

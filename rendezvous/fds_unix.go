@@ -1,0 +1,56 @@
+//go:build unix
+
+package rendezvous
+
+import (
+	"net"
+	"os"
+	"syscall"
+)
+
+// fdLimit returns the process's soft RLIMIT_NOFILE, or 0 if unknown.
+func fdLimit() int {
+	var rl syscall.Rlimit
+	if err := syscall.Getrlimit(syscall.RLIMIT_NOFILE, &rl); err != nil || rl.Cur > 1<<30 {
+		return 0
+	}
+	return int(rl.Cur)
+}
+
+// countFDs counts the process's open file descriptors.
+func countFDs() (int, error) {
+	for _, dir := range []string{"/proc/self/fd", "/dev/fd"} {
+		f, err := os.Open(dir)
+		if err != nil {
+			continue
+		}
+		names, err := f.Readdirnames(-1)
+		f.Close()
+		if err == nil {
+			return len(names) - 1, nil // less the one reading the directory
+		}
+	}
+	return 0, os.ErrNotExist
+}
+
+// readAvailable reads what the kernel already holds for nc without
+// waiting: 0 bytes when nothing has arrived.
+func readAvailable(nc net.Conn, p []byte) int {
+	sc, ok := nc.(syscall.Conn)
+	if !ok {
+		return 0
+	}
+	rc, err := sc.SyscallConn()
+	if err != nil {
+		return 0
+	}
+	var n int
+	var rerr error
+	if err := rc.Read(func(fd uintptr) bool {
+		n, rerr = syscall.Read(int(fd), p)
+		return true // never wait for readiness
+	}); err != nil || rerr != nil || n < 0 {
+		return 0
+	}
+	return n
+}
