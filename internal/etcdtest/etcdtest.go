@@ -89,12 +89,15 @@ func Start(t testing.TB, o Options) *Cluster {
 	c := &Cluster{t: t, bin: bin, opts: o}
 	dir := t.TempDir()
 	var initial []string
+	// Every port is held until all are chosen: one closed at once could be
+	// handed out again, and two members on one port would kill one.
+	ports := freePorts(t, o.Host, 2*o.Members)
 	for i := range o.Members {
 		m := &Member{
 			Name:      "m" + strconv.Itoa(i),
 			Dir:       filepath.Join(dir, "m"+strconv.Itoa(i)),
-			ClientURL: scheme + "://" + net.JoinHostPort(o.Host, strconv.Itoa(freePort(t, o.Host))),
-			PeerURL:   "http://" + net.JoinHostPort(o.Host, strconv.Itoa(freePort(t, o.Host))),
+			ClientURL: scheme + "://" + net.JoinHostPort(o.Host, strconv.Itoa(ports[2*i])),
+			PeerURL:   "http://" + net.JoinHostPort(o.Host, strconv.Itoa(ports[2*i+1])),
 		}
 		c.Members = append(c.Members, m)
 		initial = append(initial, m.Name+"="+m.PeerURL)
@@ -202,7 +205,7 @@ func (c *Cluster) AwaitHealthy(within time.Duration) {
 			}
 			select {
 			case <-m.exited:
-				c.t.Fatalf("etcdtest: %s exited; see its log in %s", m.Name, filepath.Dir(m.Dir))
+				c.t.Fatalf("etcdtest: %s exited; the end of its log:\n%s", m.Name, logTail(filepath.Join(filepath.Dir(m.Dir), m.Name+".log")))
 			default:
 			}
 			if time.Now().After(deadline) {
@@ -232,14 +235,29 @@ func (c *Cluster) Leader() *Member {
 	return nil
 }
 
-// freePort returns a port free on host now.
-func freePort(t testing.TB, host string) int {
-	l, err := net.Listen("tcp", net.JoinHostPort(host, "0"))
-	if err != nil {
-		t.Fatalf("etcdtest: %v", err)
+// freePorts returns n distinct ports free on host now.
+func freePorts(t testing.TB, host string, n int) []int {
+	ports := make([]int, n)
+	for i := range ports {
+		l, err := net.Listen("tcp", net.JoinHostPort(host, "0"))
+		if err != nil {
+			t.Fatalf("etcdtest: %v", err)
+		}
+		defer l.Close()
+		ports[i] = l.Addr().(*net.TCPAddr).Port
 	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
+	return ports
 }
 
 func (m *Member) String() string { return fmt.Sprintf("%s (%s)", m.Name, m.ClientURL) }
+
+// logTail is the last lines of a member's log, for a failure message (the
+// test's folder is gone once it ends).
+func logTail(path string) string {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return err.Error()
+	}
+	lines := strings.Split(strings.TrimSpace(string(b)), "\n")
+	return strings.Join(lines[max(0, len(lines)-8):], "\n")
+}
