@@ -120,7 +120,7 @@ func TestRoundsOnEtcd(t *testing.T) {
 		t.Fatalf("Fail = %v, %v; want a restart", restart, err)
 	}
 	awaitChanged(t, hs[2].Current(), 5*time.Second)
-	rounds = nextAll(t, hs[1:])
+	nextAll(t, hs[1:])
 	if r := hs[1].Current(); r.Restarts != 1 {
 		t.Fatalf("restarts %d, want 1", r.Restarts)
 	}
