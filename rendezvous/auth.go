@@ -234,22 +234,32 @@ func (c *authConn) Read(p []byte) (int, error) {
 // server set during the handshake (Shutdown's) holds after it.
 func (c *authConn) SetReadDeadline(t time.Time) error {
 	c.mu.Lock()
+	defer c.mu.Unlock()
 	c.readDeadline = t
-	c.mu.Unlock()
 	return c.Conn.SetReadDeadline(t)
 }
 
 func (c *authConn) SetDeadline(t time.Time) error {
 	c.mu.Lock()
+	defer c.mu.Unlock()
 	c.readDeadline = t
-	c.mu.Unlock()
 	return c.Conn.SetDeadline(t)
 }
 
 // accept runs the store's side of the handshake.
 func (c *authConn) accept() error {
 	nc := c.Conn
-	_ = nc.SetDeadline(time.Now().Add(authTimeout))
+	// Within authTimeout, or sooner if the server already asked: a
+	// Shutdown that nudged this connection before its first read must not
+	// be undone here (under mu, so that a nudge during it is not either).
+	c.mu.Lock()
+	deadline := time.Now().Add(authTimeout)
+	_ = nc.SetWriteDeadline(deadline)
+	if !c.readDeadline.IsZero() && c.readDeadline.Before(deadline) {
+		deadline = c.readDeadline
+	}
+	_ = nc.SetReadDeadline(deadline)
+	c.mu.Unlock()
 	defer func() {
 		c.mu.Lock()
 		defer c.mu.Unlock()

@@ -336,3 +336,29 @@ func TestEtcdInterruptedNodeLeaves(t *testing.T) {
 		t.Errorf("no node says the interrupted one left:\n%s", all)
 	}
 }
+
+// One command launches an etcd job over SSH: the head passes the backend
+// and the members on to every host's agent, and no rendezvous secret
+// (etcd authenticates its own clients).
+func TestEtcdOverSSH(t *testing.T) {
+	e := etcdtest.Start(t, etcdtest.Options{})
+	c := newSSHCluster(t)
+	dir := t.TempDir()
+	worker := script(t, dir, "worker.sh", `echo "rank $RANK world $WORLD_SIZE node $GORUN_TEST_NODE"`+"\n")
+	h := startHead(t, dir, "--ssh-config", c.config, "--shutdown-timeout", "5",
+		"--rdzv-backend", "etcd", "--rdzv-endpoint", strings.Join(e.Endpoints(), ","),
+		"--rdzv-conf", fmt.Sprintf("last_call_timeout=0.5,lease_ttl=%d", etcdLeaseTTL),
+		"--hosts", "127.0.0.1:2,127.0.0.2:2", worker)
+	if code := h.wait(t, 90*time.Second); code != 0 {
+		t.Fatalf("head exited %d:\n%s", code, h.out.String())
+	}
+	out := h.out.String()
+	for r := range 4 {
+		if want := fmt.Sprintf("rank %d world 4 node 127.0.0.%d", r, r/2+1); !strings.Contains(out, want) {
+			t.Errorf("missing %q:\n%s", want, out)
+		}
+	}
+	if j := gorun(t, nil, "--hosts", "a,b", "--rdzv-backend", "etcd", "true"); j.code != 2 || !strings.Contains(j.stderr, "name the etcd members") {
+		t.Errorf("etcd over SSH without members: want exit 2:\n%s", j)
+	}
+}

@@ -69,8 +69,18 @@ func planHead(c *cli.Context, spec elastic.Spec, secret string, log zerolog.Logg
 			fail(fmt.Errorf("--%s cannot be combined with --hosts/--hostfile: the head sets it for every host", name))
 		}
 	}
-	if c.String("rdzv-backend") != "" && c.String("rdzv-backend") != "c10d" {
-		fail(fmt.Errorf("--rdzv-backend %q: --hosts/--hostfile use c10d", c.String("rdzv-backend")))
+	// The hosts meet on c10d, the first one hosting the store, or on the
+	// etcd cluster that --rdzv-endpoint names.
+	backend := "c10d"
+	switch c.String("rdzv-backend") {
+	case "", "c10d":
+	case "etcd", "etcd-v2":
+		backend = "etcd"
+		if c.String("rdzv-endpoint") == "" {
+			fail(errors.New("--rdzv-backend etcd with --hosts/--hostfile: name the etcd members in --rdzv-endpoint"))
+		}
+	default:
+		fail(fmt.Errorf("--rdzv-backend %q: --hosts/--hostfile use c10d or etcd", c.String("rdzv-backend")))
 	}
 	var hosts []launcher.Host
 	var err error
@@ -180,7 +190,7 @@ func planHead(c *cli.Context, spec elastic.Spec, secret string, log zerolog.Logg
 		argv = append(argv,
 			"--node-rank", strconv.Itoa(i),
 			"--nproc-per-node", nproc,
-			"--rdzv-backend", "c10d",
+			"--rdzv-backend", backend,
 			"--rdzv-endpoint")
 		// The fanout fills the endpoint in once it has reached the first
 		// host: --rdzv-endpoint, else that host's own address, never its
@@ -192,7 +202,14 @@ func planHead(c *cli.Context, spec elastic.Spec, secret string, log zerolog.Logg
 			"--max-restarts", c.String("max-restarts"),
 			"--log-line-prefix-template", prefix)
 		argv = append(argv, passed...)
-		argv = append(argv, "--exit-on-stdin-eof", "--"+tokenStdinFlag, "--")
+		argv = append(argv, "--exit-on-stdin-eof")
+		var stdin []byte
+		if backend == "c10d" {
+			// etcd authenticates its clients itself (TLS, see --rdzv-conf).
+			argv = append(argv, "--"+tokenStdinFlag)
+			stdin = []byte(secret + "\n")
+		}
+		argv = append(argv, "--")
 		argv = append(argv, program...)
 		hostEnv := env
 		if h.GPUs != nil {
@@ -202,7 +219,7 @@ func planHead(c *cli.Context, spec elastic.Spec, secret string, log zerolog.Logg
 			}
 			hostEnv = append(append([]string(nil), env...), "CUDA_VISIBLE_DEVICES="+strings.Join(ids, ","))
 		}
-		agents[i] = launcher.RemoteAgent{Host: h.Name, Argv: argv, Env: hostEnv, EndpointArg: endpointArg, Stdin: []byte(secret + "\n")}
+		agents[i] = launcher.RemoteAgent{Host: h.Name, Argv: argv, Env: hostEnv, EndpointArg: endpointArg, Stdin: stdin}
 	}
 	sshCfg := launcher.SSHConfig{
 		IdentityFiles: c.StringSlice("ssh-identity"),
@@ -220,7 +237,8 @@ func planHead(c *cli.Context, spec elastic.Spec, secret string, log zerolog.Logg
 		StopTimeout: spec.ShutdownTimeout + 5*time.Second,
 		Stage:       stage,
 		StageTo:     stageTo,
-		// The first host's agent hosts the store (c10d, default port).
+		// The first host's agent hosts the store (c10d, default port);
+		// etcd's members are given.
 		Endpoint:     c.String("rdzv-endpoint"),
 		EndpointPort: rendezvous.DefaultEndpointPort,
 		Logger:       log,

@@ -351,7 +351,7 @@ func (r *resolver) rendezvous(s *elastic.Spec) {
 	case "etcd":
 		// torch's etcd rendezvous reads timeout as its join timeout.
 		s.Dynamic, s.Etcd = c.etcd(endpoint, s.StoreTimeout, timeoutSet)
-		if s.RunID == "none" && !f.Bool("standalone") {
+		if s.RunID == "none" && !f.Bool("standalone") && !headMode(f) {
 			// A job's state stays in etcd after it ends: a second job
 			// under the same id would find it over and do nothing.
 			r.fail(errors.New("--rdzv-backend etcd needs a --rdzv-id of the job's own: its state stays in etcd after it ends"))
