@@ -30,7 +30,7 @@ import (
 
 // Broadcast copies root's t into every rank's t.
 func (pg *ProcessGroup) Broadcast(ctx context.Context, t Tensor, root int) error {
-	if ran, err := pg.runInline(ctx, "broadcast", t.OnDevice(),
+	if ran, err := pg.runInline(ctx, "broadcast", describe(t), t.OnDevice(),
 		func() error { return pg.checkRank("root", root) },
 		func(ctx context.Context) error { return pg.comm.Broadcast(ctx, t.data, t.dtype, root) }); ran {
 		return err
@@ -55,7 +55,7 @@ func (pg *ProcessGroup) broadcast(ctx context.Context, t Tensor, root int) *Work
 // AllReduce reduces t across the group with op, leaving the result,
 // bitwise identical, in every rank's t.
 func (pg *ProcessGroup) AllReduce(ctx context.Context, t Tensor, op ReduceOp) error {
-	if ran, err := pg.runInline(ctx, "all_reduce", t.OnDevice(),
+	if ran, err := pg.runInline(ctx, "all_reduce", describe(t), t.OnDevice(),
 		func() error { return checkReduce(t.dtype, op) },
 		func(ctx context.Context) error { return pg.comm.AllReduce(ctx, t.data, t.dtype, op) }); ran {
 		return err
@@ -80,7 +80,7 @@ func (pg *ProcessGroup) allReduce(ctx context.Context, t Tensor, op ReduceOp) *W
 // Reduce reduces t across the group with op into root's t; the other
 // ranks' t are left unspecified.
 func (pg *ProcessGroup) Reduce(ctx context.Context, t Tensor, root int, op ReduceOp) error {
-	if ran, err := pg.runInline(ctx, "reduce", t.OnDevice(),
+	if ran, err := pg.runInline(ctx, "reduce", describe(t), t.OnDevice(),
 		func() error { return firstError(pg.checkRank("root", root), checkReduce(t.dtype, op)) },
 		func(ctx context.Context) error { return pg.comm.Reduce(ctx, t.data, t.dtype, op, root) }); ran {
 		return err
@@ -105,7 +105,7 @@ func (pg *ProcessGroup) reduce(ctx context.Context, t Tensor, root int, op Reduc
 // AllGather copies every rank's in into out[rank] on every rank; out
 // holds one tensor per rank, each of in's dtype and length.
 func (pg *ProcessGroup) AllGather(ctx context.Context, out []Tensor, in Tensor) error {
-	if ran, err := pg.runInline(ctx, "all_gather", in.OnDevice() || anyOnDevice(out),
+	if ran, err := pg.runInline(ctx, "all_gather", describe(in), in.OnDevice() || anyOnDevice(out),
 		func() error { return pg.checkList("out", out, in.dtype, in.Len()) },
 		func(ctx context.Context) error {
 			return pg.allGatherHost(ctx, out, in, pg.inlineBytes(0, len(out)*len(in.data)))
@@ -153,7 +153,7 @@ func (pg *ProcessGroup) allGatherHost(ctx context.Context, out []Tensor, in Tens
 // elements [i*n, (i+1)*n) of out, n being in's length (torch's
 // all_gather_into_tensor). It copies nothing on the way.
 func (pg *ProcessGroup) AllGatherInto(ctx context.Context, out, in Tensor) error {
-	if ran, err := pg.runInline(ctx, "all_gather_into_tensor", out.OnDevice() || in.OnDevice(),
+	if ran, err := pg.runInline(ctx, "all_gather_into_tensor", describe(in), out.OnDevice() || in.OnDevice(),
 		func() error {
 			return firstError(checkDType("out", out, in.dtype), checkLen("out", out, pg.Size()*in.Len()))
 		},
@@ -274,7 +274,7 @@ func (pg *ProcessGroup) scatter(ctx context.Context, out Tensor, in []Tensor, ro
 // per rank, of out's dtype; their lengths may differ, but every rank must
 // pass the same lengths, and in[rank] must be as long as out.
 func (pg *ProcessGroup) ReduceScatter(ctx context.Context, out Tensor, in []Tensor, op ReduceOp) error {
-	if ran, err := pg.runInline(ctx, "reduce_scatter", out.OnDevice() || anyOnDevice(in),
+	if ran, err := pg.runInline(ctx, "reduce_scatter", describe(out), out.OnDevice() || anyOnDevice(in),
 		func() error { return pg.checkReduceScatter(out, in, op) },
 		func(ctx context.Context) error {
 			counts, _ := pg.inlineCounts()
@@ -338,7 +338,7 @@ func (pg *ProcessGroup) checkReduceScatter(out Tensor, in []Tensor, op ReduceOp)
 // rank's piece in rank order, each as long as out (torch's
 // reduce_scatter_tensor).
 func (pg *ProcessGroup) ReduceScatterFrom(ctx context.Context, out, in Tensor, op ReduceOp) error {
-	if ran, err := pg.runInline(ctx, "reduce_scatter_tensor", out.OnDevice() || in.OnDevice(),
+	if ran, err := pg.runInline(ctx, "reduce_scatter_tensor", describe(out), out.OnDevice() || in.OnDevice(),
 		func() error { return pg.checkReduceScatterFrom(out, in, op) },
 		func(ctx context.Context) error {
 			counts, _ := pg.inlineCounts()
@@ -374,7 +374,7 @@ func (pg *ProcessGroup) checkReduceScatterFrom(out, in Tensor, op ReduceOp) erro
 // out[i]. Both lists hold one tensor per rank, all of one dtype; lengths
 // may differ, as long as out[i] is as long as what rank i sends.
 func (pg *ProcessGroup) AllToAll(ctx context.Context, out, in []Tensor) error {
-	if ran, err := pg.runInline(ctx, "all_to_all", anyOnDevice(out) || anyOnDevice(in),
+	if ran, err := pg.runInline(ctx, "all_to_all", opDesc{peer: -1}, anyOnDevice(out) || anyOnDevice(in),
 		func() error { return pg.checkAllToAll(out, in) },
 		func(ctx context.Context) error {
 			recv, send := pg.inlineCounts()
@@ -431,7 +431,7 @@ func (pg *ProcessGroup) checkAllToAll(out, in []Tensor) error {
 // from rank i lands in out's i-th piece of outSplits[i] elements. A nil
 // split list cuts its tensor into equal pieces.
 func (pg *ProcessGroup) AllToAllSingle(ctx context.Context, out, in Tensor, outSplits, inSplits []int) error {
-	if ran, err := pg.runInline(ctx, "all_to_all_single", out.OnDevice() || in.OnDevice(),
+	if ran, err := pg.runInline(ctx, "all_to_all_single", describe(in), out.OnDevice() || in.OnDevice(),
 		func() error { return pg.checkAllToAllSingle(out, in, outSplits, inSplits) },
 		func(ctx context.Context) error {
 			recv, send := pg.inlineCounts()
@@ -464,7 +464,7 @@ func (pg *ProcessGroup) allToAllSingle(ctx context.Context, out, in Tensor, outS
 
 // Barrier returns once every rank of the group has entered it.
 func (pg *ProcessGroup) Barrier(ctx context.Context) error {
-	if ran, err := pg.runInline(ctx, "barrier", false, nil,
+	if ran, err := pg.runInline(ctx, "barrier", opDesc{peer: -1}, false, nil,
 		func(ctx context.Context) error { return pg.comm.Barrier(ctx) }); ran {
 		return err
 	}

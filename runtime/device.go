@@ -212,7 +212,9 @@ func (pg *ProcessGroup) tensorOp(ctx context.Context, op string, args operands, 
 	if err != nil {
 		return failedWork(op, err)
 	}
-	return pg.exec.submit(newWork(ctx, op, run))
+	w := newWork(ctx, op, run)
+	w.desc = args.describe()
+	return pg.exec.submit(w)
 }
 
 // route returns how to run an operation on args: its host form for host

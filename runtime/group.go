@@ -266,11 +266,11 @@ func (pg *ProcessGroup) collective(ctx context.Context, op string, check func() 
 // check accepts its arguments and nothing is queued on the group (see
 // executor.runInline); it reports whether it did. Otherwise the caller
 // queues the operation, which fails there as it would have here.
-func (pg *ProcessGroup) runInline(ctx context.Context, op string, onDevice bool, check func() error, run func(context.Context) error) (bool, error) {
+func (pg *ProcessGroup) runInline(ctx context.Context, op string, d opDesc, onDevice bool, check func() error, run func(context.Context) error) (bool, error) {
 	if onDevice || pg.admit(check) != nil {
 		return false, nil
 	}
-	ran, err := pg.exec.runInline(ctx, run)
+	ran, err := pg.exec.runInline(ctx, op, d, run)
 	if err != nil {
 		err = &OpError{Op: op, Err: err}
 	}

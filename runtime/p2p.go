@@ -59,6 +59,8 @@ func (pg *ProcessGroup) IRecv(t Tensor, src, tag int) *Work {
 
 func (pg *ProcessGroup) send(ctx context.Context, t Tensor, dst, tag int) *Work {
 	w := newWork(ctx, "send", nil)
+	w.desc = describe(t)
+	w.desc.peer = dst
 	return pg.startP2P(w, operands{reads: []*Tensor{&t}}, lane{send: true, peer: dst, tag: tag},
 		func(ctx context.Context) error { return pg.p2p.Send(ctx, t.data, t.dtype, dst, tag) },
 		func(ctx context.Context, c *cuda.Comm) ([]*cuda.Work, error) {
@@ -68,6 +70,8 @@ func (pg *ProcessGroup) send(ctx context.Context, t Tensor, dst, tag int) *Work 
 
 func (pg *ProcessGroup) recv(ctx context.Context, t Tensor, src, tag int) *Work {
 	w := newWork(ctx, "recv", nil)
+	w.desc = describe(t)
+	w.desc.peer = src
 	return pg.startP2P(w, operands{writes: []*Tensor{&t}}, lane{peer: src, tag: tag},
 		func(ctx context.Context) (err error) {
 			w.source, err = pg.p2p.Recv(ctx, t.data, t.dtype, src, tag)

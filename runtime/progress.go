@@ -16,7 +16,8 @@ import (
 // that completes without error: once when Init has joined the job, then
 // once per collective, point-to-point message and monitored barrier. A
 // launcher that sees the count stand still for too long takes the worker
-// group for hung.
+// group for hung. After the counter, the file holds the flight recorder
+// (see flight.go): the worker's last operations.
 const ProgressFileEnv = "GORUN_PROGRESS_FILE"
 
 // progressSize is the counter's size in the file.
@@ -39,18 +40,20 @@ func openProgress(path string) (*progress, error) {
 	}
 	defer f.Close() // the mapping outlives the descriptor
 	info, err := f.Stat()
-	if err == nil && info.Size() < progressSize {
-		err = f.Truncate(progressSize)
+	if err == nil && info.Size() < progressFileSize {
+		err = f.Truncate(progressFileSize)
 	}
 	if err != nil {
 		return nil, fmt.Errorf("runtime: %s: %w", ProgressFileEnv, err)
 	}
-	mem, err := unix.Mmap(int(f.Fd()), 0, progressSize, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+	mem, err := unix.Mmap(int(f.Fd()), 0, progressFileSize, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
 	if err != nil {
 		return nil, fmt.Errorf("runtime: %s: map %s: %w", ProgressFileEnv, path, err)
 	}
 	// The mapping starts on a page boundary, which suits a 64-bit atomic.
-	return &progress{mem: mem, counter: (*atomic.Uint64)(unsafe.Pointer(&mem[0]))}, nil
+	p := &progress{mem: mem, counter: (*atomic.Uint64)(unsafe.Pointer(&mem[0]))}
+	p.initFlight()
+	return p, nil
 }
 
 // add counts one completed operation.

@@ -12,6 +12,7 @@ import (
 // blocking form that starts its Work and waits for it.
 type Work struct {
 	op      string
+	desc    opDesc                      // what the flight recorder notes besides op
 	ctx     context.Context             // the caller's; cancelling it cancels the operation
 	run     func(context.Context) error // nil once finished
 	timeout time.Duration               // when not zero, replaces the group's
@@ -31,7 +32,7 @@ type Work struct {
 var detached = context.WithoutCancel(context.Background())
 
 func newWork(ctx context.Context, op string, run func(context.Context) error) *Work {
-	return &Work{op: op, ctx: ctx, run: run, done: make(chan struct{}), source: -1}
+	return &Work{op: op, desc: opDesc{peer: -1}, ctx: ctx, run: run, done: make(chan struct{}), source: -1}
 }
 
 // failedWork returns a Work that finished with err without running.
@@ -120,17 +121,19 @@ type scope struct {
 // timeout (or its own) counted from the operation's start, so that time
 // spent queued behind a slow operation is not charged to the next one.
 func (s scope) execute(w *Work) {
-	w.finish(s.perform(w.ctx, cmp.Or(w.timeout, s.timeout), nil, w.run))
+	w.finish(s.perform(w.ctx, cmp.Or(w.timeout, s.timeout), nil, w.op, w.desc, w.run))
 }
 
 // perform runs an operation of the caller's ctx within the scope: under
 // reused, when given and ctx can never end (see opContext), else under a
 // context of its own. It counts the operation's success and returns the
-// cause of its failure.
-func (s scope) perform(ctx context.Context, timeout time.Duration, reused *opContext, run func(context.Context) error) error {
+// cause of its failure. The flight recorder notes it, as op and d, from
+// its start to its end.
+func (s scope) perform(ctx context.Context, timeout time.Duration, reused *opContext, op string, d opDesc, run func(context.Context) error) error {
 	if s.life.Err() != nil {
 		return ErrClosed
 	}
+	seq := s.progress.begin(op, d)
 	var err error
 	if reused != nil && ctx.Done() == nil {
 		if err = reused.start(ctx, timeout); err == nil {
@@ -147,6 +150,7 @@ func (s scope) perform(ctx context.Context, timeout time.Duration, reused *opCon
 		// less than ours.
 		err = ErrClosed
 	}
+	s.progress.end(seq, err)
 	if err == nil {
 		s.progress.add()
 	}
@@ -252,7 +256,7 @@ func (e *executor) pop() *Work {
 // it did not, the caller queues the operation. It is a blocking call's
 // whole path: no Work, no channel, and run, which does not outlive the
 // call, need not be allocated.
-func (e *executor) runInline(ctx context.Context, run func(context.Context) error) (bool, error) {
+func (e *executor) runInline(ctx context.Context, op string, d opDesc, run func(context.Context) error) (bool, error) {
 	e.mu.Lock()
 	if e.closed || e.running || len(e.queue) > 0 {
 		e.mu.Unlock()
@@ -260,7 +264,7 @@ func (e *executor) runInline(ctx context.Context, run func(context.Context) erro
 	}
 	e.running = true
 	e.mu.Unlock()
-	err := e.scope.perform(ctx, e.scope.timeout, e.inline, run)
+	err := e.scope.perform(ctx, e.scope.timeout, e.inline, op, d, run)
 	e.release()
 	return true, err
 }
