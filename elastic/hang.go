@@ -1,11 +1,13 @@
 package elastic
 
 import (
+	"cmp"
 	"encoding/binary"
 	"errors"
 	"fmt"
 	"os"
 	"slices"
+	"strings"
 	"syscall"
 	"time"
 
@@ -25,14 +27,17 @@ import (
 // not use the runtime (Python, shell) are never taken for hung, nor is a
 // worker that has not finished Init.
 //
-// On a hang the agent logs the stuck ranks, sends each stuck worker's
-// process group a signal that makes it print its stacks (SIGQUIT: a Go
-// program prints every goroutine's stack to stderr and exits with status
-// 2; SIGABRT for Python, whose faulthandler, when enabled, dumps the
-// threads), waits up to hangDumpWait for them to exit, then stops the
-// group. The stuck ranks are the attempt's failures, with the message
-// "hang: no collective progress for D", and the usual failure path
-// follows: a restart while the budget lasts, else the report.
+// On a hang the agent logs the stuck ranks and its analysis of the
+// workers' flight records (see flight.go), sends each stuck worker's
+// process group, those that hold the others up first, a signal that makes
+// it print its stacks (SIGQUIT: a Go program prints every goroutine's
+// stack to stderr and exits with status 2; SIGABRT for Python, whose
+// faulthandler, when enabled, dumps the threads), waits up to
+// hangDumpWait for them to exit, then stops the group. The stuck ranks
+// are the attempt's failures, with the message "hang: no collective
+// progress for D" and the analysis in the traceback, and the usual
+// failure path follows: a restart while the budget lasts, else the
+// report.
 const (
 	// progressFileEnv names the progress file in the worker's
 	// environment; the runtime's ProgressFileEnv, which this side of the
@@ -140,6 +145,33 @@ type hangCheck struct {
 	pending  int       // stuck workers not yet exited
 	found    time.Time // when the hang was found
 	dumpWait <-chan time.Time
+	analysis string             // of the flight records, when the hang was found
+	flight   map[int]rankReader // the workers' files, by local rank
+}
+
+// rankReader reads a worker's progress file.
+type rankReader struct {
+	rank int
+	f    *os.File
+}
+
+// flights reads the flight records of this node's workers, by rank.
+func (h *hangCheck) flights() []rankFlight {
+	var out []rankFlight
+	for _, r := range h.flight {
+		b := make([]byte, 64<<10)
+		n, _ := r.f.ReadAt(b, 0) // a short read is the whole file
+		out = append(out, rankFlight{rank: r.rank, ops: decodeFlight(b[:n])})
+	}
+	slices.SortFunc(out, func(a, b rankFlight) int { return a.rank - b.rank })
+	return out
+}
+
+func b2i(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
 }
 
 // startHangCheck watches att's progress files when --hang-timeout is on.
@@ -153,6 +185,7 @@ func (a *Agent) startHangCheck(att *attempt) *hangCheck {
 		log:     a.log,
 		dumpSig: syscall.SIGQUIT,
 		pids:    att.group.Pids(),
+		flight:  make(map[int]rankReader),
 	}
 	if a.spec.Python {
 		h.dumpSig = syscall.SIGABRT
@@ -164,6 +197,7 @@ func (a *Agent) startHangCheck(att *attempt) *hangCheck {
 			continue
 		}
 		h.files = append(h.files, f)
+		h.flight[p.localRank] = rankReader{rank: p.rank, f: f}
 		h.watch.add(p.localRank, p.rank, func() (uint64, error) { return readCounter(f) })
 	}
 	return h
@@ -222,6 +256,16 @@ func (h *hangCheck) check() {
 	h.pending = len(stuck)
 	h.log.Error().Ints("ranks", ranks).Str("idle", roundIdle(stuck[0].idle).String()).
 		Str("signal", signalName(h.dumpSig)).Msg("worker group hung: no collective progress; dumping the stuck workers' stacks")
+	lines, laggards := analyzeHang(h.flights(), h.watch.now())
+	for _, l := range lines {
+		h.log.Error().Msg("hang analysis: " + l)
+	}
+	h.analysis = strings.Join(lines, "\n")
+	// The laggards dump first, so that the stacks of the ranks that hold
+	// the others up lead.
+	slices.SortStableFunc(stuck, func(a, b stuckWorker) int {
+		return cmp.Compare(b2i(!slices.Contains(laggards, a.rank)), b2i(!slices.Contains(laggards, b.rank)))
+	})
 	for _, s := range stuck {
 		if err := syscall.Kill(-h.pids[s.localRank], h.dumpSig); err != nil && !errors.Is(err, syscall.ESRCH) {
 			h.log.Warn().Err(err).Int("rank", s.rank).Msg("signalling a stuck worker")
@@ -251,9 +295,9 @@ func (h *hangCheck) exited(localRank int) (stuck, allExited bool) {
 // however the worker exited.
 func (h *hangCheck) failure(slot int, f Failure) Failure {
 	msg := "hang: no collective progress for " + roundIdle(h.stuck[slot].idle).String()
-	info := &launcher.ErrorInfo{Message: msg, Timestamp: h.found}
+	info := &launcher.ErrorInfo{Message: msg, Timestamp: h.found, Traceback: h.analysis}
 	if f.Error != nil {
-		info.Traceback = joinLines(f.Error.Message, f.Error.Traceback)
+		info.Traceback = joinLines(h.analysis, joinLines(f.Error.Message, f.Error.Traceback))
 	}
 	f.Error = info
 	if f.ExitCode == 0 {

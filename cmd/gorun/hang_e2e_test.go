@@ -63,3 +63,24 @@ func TestHangTimeoutFlag(t *testing.T) {
 		}
 	}
 }
+
+// The hang analysis reads the ranks' flight records: the ranks waiting in
+// the next all_reduce name the one that stopped calling them, and the
+// sequence number where it fell behind; its stack follows.
+func TestHangAnalysisNamesTheLaggard(t *testing.T) {
+	j := gorun(t, nil, "--nproc-per-node", "4", "--hang-timeout", "5s", bin("hang"), "-hang-after", "5", "-hang-rank", "3")
+	if j.code == 0 {
+		t.Fatalf("a hung job succeeded:\n%s", j)
+	}
+	for _, want := range []string{
+		"hang analysis: ranks 0-2 are in all_reduce #6 (float64 x 1) since ",
+		", waiting for rank 3",
+		"hang analysis: rank 3 completed all_reduce #5 (float64 x 1) and is in no operation since ",
+		"\n              ranks 0-2 are in all_reduce #6", // the report keeps it
+		"[rank3]: time.Sleep", // rank 3's stack, down to where it sleeps
+	} {
+		if !strings.Contains(j.stderr, want) {
+			t.Errorf("stderr lacks %q:\n%s", want, j)
+		}
+	}
+}
