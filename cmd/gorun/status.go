@@ -229,8 +229,10 @@ func printStacks(ctx context.Context, w io.Writer, local []elastic.NodeStatus, l
 				continue
 			}
 			fmt.Fprintf(w, "=== rank %d (local rank %d, pid %d, node %d)\n", r.Rank, r.LocalRank, r.Pid, d.NodeRank)
-			exe, _ := os.Readlink("/proc/" + strconv.Itoa(r.Pid) + "/exe")
+			exe, err := os.Readlink("/proc/" + strconv.Itoa(r.Pid) + "/exe")
 			switch {
+			case err != nil:
+				fmt.Fprintln(w, "not running on this node")
 			case !strings.Contains(filepath.Base(exe), "python"):
 				fmt.Fprintln(w, "not a Python worker: stacks of other workers are not available yet")
 			case pyspy == "":
