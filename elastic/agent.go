@@ -96,11 +96,7 @@ func (a *Agent) Run(ctx context.Context) (*Result, error) {
 		return nil, err
 	}
 	defer logs.cleanup(a.log)
-	stopStatus, err := a.startStatus(ctx)
-	if err != nil {
-		return nil, err
-	}
-	defer stopStatus()
+	defer a.startStatus(ctx)()
 
 	restarts := 0 // the job's, as of the last round
 	for attempt := 0; ; attempt++ {

@@ -14,6 +14,7 @@ import (
 	"strconv"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/rs/zerolog"
@@ -345,6 +346,10 @@ func listenStatus(dir string) (net.Listener, func(), error) {
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return nil, nil, fmt.Errorf("elastic: status folder: %w", err)
 	}
+	// A folder another user made first must not receive our socket.
+	if fi, err := os.Lstat(dir); err != nil || !fi.IsDir() || fi.Mode().Perm()&0o077 != 0 || !ownedByMe(fi) {
+		return nil, nil, fmt.Errorf("elastic: status folder %s is not a private folder of this user", dir)
+	}
 	path := StatusSocket(dir, os.Getpid())
 	os.Remove(path) // left by an agent of this pid that died
 	l, err := net.Listen("unix", path)
@@ -352,6 +357,11 @@ func listenStatus(dir string) (net.Listener, func(), error) {
 		return nil, nil, fmt.Errorf("elastic: status socket: %w", err)
 	}
 	return l, func() { l.Close(); os.Remove(path) }, nil
+}
+
+func ownedByMe(fi os.FileInfo) bool {
+	st, ok := fi.Sys().(*syscall.Stat_t)
+	return ok && int(st.Uid) == os.Getuid()
 }
 
 // stamp wraps w so that every write records the time in last.
@@ -372,23 +382,24 @@ func (s stampWriter) Write(p []byte) (int, error) {
 
 // startStatus starts publishing the workers' status and serving it on
 // the status socket, when Options ask for either.
-func (a *Agent) startStatus(ctx context.Context) (stop func(), err error) {
+func (a *Agent) startStatus(ctx context.Context) (stop func()) {
 	if a.opts.StatusDir == "" && a.opts.Metrics == nil {
-		return func() {}, nil
+		return func() {}
 	}
 	ctx, cancel := context.WithCancel(ctx)
 	var wg sync.WaitGroup
 	if a.opts.StatusDir != "" {
-		l, closeSocket, err := listenStatus(a.opts.StatusDir)
-		if err != nil {
-			cancel()
-			return nil, err
+		// The job runs without gorun status rather than not at all (a
+		// socket path over 107 bytes, a folder of someone else's).
+		if l, closeSocket, err := listenStatus(a.opts.StatusDir); err != nil {
+			a.log.Warn().Err(err).Msg("gorun status will not see this node")
+		} else {
+			wg.Go(func() {
+				defer closeSocket()
+				a.board.serve(ctx, l)
+			})
 		}
-		wg.Go(func() {
-			defer closeSocket()
-			a.board.serve(ctx, l)
-		})
 	}
 	wg.Go(func() { a.board.run(ctx) })
-	return func() { cancel(); wg.Wait() }, nil
+	return func() { cancel(); wg.Wait() }
 }
