@@ -39,6 +39,12 @@ type Options struct {
 	Signals <-chan os.Signal
 	// Keeper, when set, kills whatever workers leave behind if the agent dies.
 	Keeper *launcher.Keeper
+	// StatusDir, when set, holds the agent's status socket (gorun
+	// status); with it, the agent publishes its node's status to the
+	// round's store every second.
+	StatusDir string
+	// Metrics, when set, receives the agent's Prometheus metrics.
+	Metrics *Metrics
 }
 
 // Agent runs one node's worker group through restarts until the job ends.
@@ -47,6 +53,8 @@ type Agent struct {
 	opts Options
 	log  zerolog.Logger
 	now  func() time.Time
+	// board is the workers' status (status.go).
+	board *statusBoard
 }
 
 // NewAgent returns an agent for spec; spec must have passed Validate.
@@ -55,7 +63,9 @@ func NewAgent(spec Spec, opts Options) *Agent {
 	if now == nil {
 		now = time.Now
 	}
-	return &Agent{spec: spec, opts: opts, log: opts.Logger, now: now}
+	a := &Agent{spec: spec, opts: opts, log: opts.Logger, now: now}
+	a.board = newStatusBoard(&a.spec, a.log, now, opts.Metrics)
+	return a
 }
 
 // Run rendezvouses, starts the workers and supervises them until the job
@@ -86,10 +96,12 @@ func (a *Agent) Run(ctx context.Context) (*Result, error) {
 		return nil, err
 	}
 	defer logs.cleanup(a.log)
+	defer a.startStatus(ctx)()
 
 	restarts := 0 // the job's, as of the last round
 	for attempt := 0; ; attempt++ {
 		var r *round
+		began := a.now()
 		err := a.during(ctx, func(ctx context.Context) (err error) {
 			r, err = m.next(ctx)
 			return err
@@ -108,6 +120,8 @@ func (a *Agent) Run(ctx context.Context) (*Result, error) {
 			return nil, &RendezvousError{err}
 		}
 		restarts = r.restarts
+		a.board.begin(r)
+		a.opts.Metrics.round(a.now().Sub(began), r.ranks.GroupWorldSize)
 		a.log.Info().Int("round", r.number).Int("node_rank", r.ranks.GroupRank).Int("nodes", r.ranks.GroupWorldSize).
 			Int("world_size", r.ranks.WorldSize).Int("nproc_per_node", a.spec.NProcPerNode).
 			Int("restarts", r.restarts).Str("run_id", a.spec.RunID).Msg("rendezvous complete")
@@ -123,6 +137,7 @@ func (a *Agent) Run(ctx context.Context) (*Result, error) {
 		case out.err != nil:
 			return nil, out.err
 		case out.changed:
+			a.board.stopped(true)
 			a.log.Warn().Str("reason", r.reason()).Msg("the job's round changed; stopped the workers to rejoin")
 		case len(out.failures) > 0:
 			// Give heartbeats time to tell a lost node first: its death
@@ -152,6 +167,7 @@ func (a *Agent) Run(ctx context.Context) (*Result, error) {
 			if !restart {
 				return a.jobFailed(ctx, m, r.restarts)
 			}
+			a.board.stopped(true)
 			f := out.failures[0]
 			if superseded {
 				a.log.Warn().Int("rank", f.Rank).Str("status", f.Exit.String()).Str("reason", r.reason()).
@@ -503,6 +519,7 @@ func (a *Agent) watch(ctx context.Context, att *attempt, changed <-chan struct{}
 				exits = nil
 				continue
 			}
+			a.board.exited(e)
 			reaped, byWatchdog := timers.exited(e.LocalRank)
 			if stuck, all := hang.exited(e.LocalRank); stuck {
 				out.failures = append(out.failures, hang.failure(e.LocalRank, att.failure(e, a.spec.Host)))

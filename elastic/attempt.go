@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strconv"
+	"sync/atomic"
 
 	"github.com/rs/zerolog"
 
@@ -87,6 +88,7 @@ func (a *Agent) startAttempt(rk ranks, restart, number int, master workerEndpoin
 		return nil, err
 	}
 	specs := make([]launcher.WorkerSpec, s.NProcPerNode)
+	stamps := make([]*atomic.Int64, s.NProcPerNode) // last output, for gorun status
 	// The group knows its workers by slot (WorkerSpec.LocalRank, which
 	// errorFiles, the progress files and Group.Pids go by); lr is the
 	// local rank the worker sees, which names its log folder and picks
@@ -144,10 +146,11 @@ func (a *Agent) startAttempt(rk ranks, restart, number int, master workerEndpoin
 			att.closeOutput()
 			return nil, fmt.Errorf("elastic: output of local rank %d: %w", lr, err)
 		}
+		stamps[slot] = new(atomic.Int64)
 		specs[slot] = launcher.WorkerSpec{
 			LocalRank: slot, Rank: rank,
 			Argv: s.Argv, Env: env.Environ(), Dir: s.Dir,
-			Stdout: outW, Stderr: errW, PTY: s.PTY,
+			Stdout: stamp(outW, stamps[slot], a.now), Stderr: stamp(errW, stamps[slot], a.now), PTY: s.PTY,
 		}
 		if slot < len(s.CPUs) {
 			specs[slot].CPUs = s.CPUs[slot]
@@ -159,6 +162,7 @@ func (a *Agent) startAttempt(rk ranks, restart, number int, master workerEndpoin
 		return nil, err
 	}
 	att.group = group
+	a.board.started(att, stamps)
 	started := a.log.Info().Int("restart", restart).Int("attempt", number).Ints("pids", group.Pids())
 	if s.CPUs != nil {
 		started = started.Interface("cpus", s.CPUs[:min(len(specs), len(s.CPUs))])

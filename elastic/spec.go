@@ -86,6 +86,9 @@ type Spec struct {
 	// LogDir receives <run_id>/attempt_<k>/<local_rank>/{stdout,stderr}.log;
 	// empty means a temporary folder that holds only the error files.
 	LogDir string
+	// MetricsAddr, when set, is the HOST:PORT the agent serves its
+	// Prometheus metrics on (/metrics).
+	MetricsAddr string
 	// Redirects and Tee say, per local rank, which streams go to files only
 	// and which go to files and the console.
 	Redirects map[int]launcher.Std

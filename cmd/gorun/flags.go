@@ -101,6 +101,7 @@ func flags() []cli.Flag {
 		boolFlag("run-path", "run PROGRAM as a Python file whatever its name"),
 		stringFlag("python", "", "Python interpreter for .py programs (default $PYTHON_EXEC or python3)"),
 		stringFlag("log-dir", "", "folder for <run_id>/attempt_<k>/<local_rank>/{stdout,stderr}.log"),
+		stringFlag("metrics-addr", "", "serve the agent's Prometheus metrics (gorun_*) on HOST:PORT at /metrics"),
 		stringFlag("redirects", "0", "streams sent to log files only: 0 none, 1 stdout, 2 stderr, 3 both, or per local rank 0:1,1:2", "r"),
 		stringFlag("tee", "0", "streams sent to log files and the console (same syntax as --redirects)", "t"),
 		stringFlag("local-ranks-filter", "", "local ranks shown on the console, e.g. 0,2 (files keep all)"),

@@ -150,7 +150,7 @@ func newApp(stdout, stderr io.Writer, status *int) *cli.App {
 			"MASTER_ADDR...), supervises and restarts them, and exits with the root cause's exit code.\n" +
 			"Every flag also reads PET_<NAME> from the environment, as torchrun does.",
 		Flags:    append(flags(), headFlags()...),
-		Commands: []*cli.Command{doctorCommand(stdout)},
+		Commands: []*cli.Command{doctorCommand(stdout), statusCommand(stdout)},
 		// -x A=1,2 sets A to "1,2".
 		DisableSliceFlagSeparator: true,
 		HideHelpCommand:           true,
@@ -221,9 +221,15 @@ func launch(ctx context.Context, spec elastic.Spec, log zerolog.Logger, stdout, 
 	// The agent opens the rendezvous, which may wait for a store that is
 	// not up yet, so that a signal stops that wait as it stops the others.
 	release := func(bool) {}
+	metrics, stopMetrics, err := serveMetrics(spec.MetricsAddr, log)
+	if err != nil {
+		return 0, err
+	}
+	defer stopMetrics()
 	agent := elastic.NewAgent(spec, elastic.Options{
 		Logger: log, Stdout: stdout, Stderr: stderr,
 		Signals: signals, Keeper: keeper,
+		StatusDir: statusDir(), Metrics: metrics,
 		OpenRendezvous: func(ctx context.Context) (rendezvous.Handler, error) {
 			h, rel, err := newRendezvous(ctx, &spec, log)
 			if err == nil {

@@ -499,6 +499,7 @@ func (r *resolver) output(s *elastic.Spec) {
 		r.fail(fmt.Errorf("--pty %q: want auto, always or never", mode))
 	}
 	s.LogDir = f.String("log-dir")
+	s.MetricsAddr = f.String("metrics-addr")
 	// torch's LocalElasticAgent serves its file-timer watchdog on these.
 	s.FileTimer = r.env("TORCHELASTIC_ENABLE_FILE_TIMER") == "1"
 	s.TimerFile = r.env("TORCHELASTIC_TIMER_FILE")

@@ -1,0 +1,250 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"os/signal"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"syscall"
+	"text/tabwriter"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"github.com/rs/zerolog"
+	"github.com/urfave/cli/v2"
+
+	"github.com/gorun/gorun/elastic"
+)
+
+// statusDir is where this user's agents put their status sockets.
+func statusDir() string {
+	return filepath.Join(os.TempDir(), "gorun-status-"+strconv.Itoa(os.Getuid()))
+}
+
+// serveMetrics serves the agent's Prometheus metrics, in a registry of
+// its own, on addr; without addr there are none.
+func serveMetrics(addr string, log zerolog.Logger) (*elastic.Metrics, func(), error) {
+	if addr == "" {
+		return nil, func() {}, nil
+	}
+	reg := prometheus.NewRegistry()
+	m := elastic.NewMetrics(reg)
+	l, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, nil, fmt.Errorf("--metrics-addr: %w", err)
+	}
+	mux := http.NewServeMux()
+	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+	go srv.Serve(l)
+	log.Info().Str("addr", l.Addr().String()).Msg("serving metrics at /metrics")
+	return m, func() { srv.Close() }, nil
+}
+
+// statusCommand is `gorun status`: one table of every node and rank of
+// the jobs whose agents run on this node, read from their status sockets.
+func statusCommand(stdout io.Writer) *cli.Command {
+	return &cli.Command{
+		Name:  "status",
+		Usage: "show every node and rank of the jobs running on this node: pid, state, restarts, CPU, memory, idle time",
+		Description: "Asks the agents on this node (their sockets in the user's status folder) for their job's\n" +
+			"status, which every agent publishes to the job's store each second, and prints one row per\n" +
+			"worker of every node.",
+		Flags: []cli.Flag{
+			&cli.StringFlag{Name: "rdzv-id", Usage: "only the job of this run id"},
+			&cli.BoolFlag{Name: "json", Usage: "print the nodes' documents as JSON"},
+			&cli.BoolFlag{Name: "watch", Usage: "redraw every second until the job ends or Ctrl-C"},
+			&cli.BoolFlag{Name: "stacks", Usage: "print every local worker's stacks (Python through py-spy), stopping none"},
+		},
+		Action: func(c *cli.Context) error {
+			ctx, stop := signal.NotifyContext(c.Context, os.Interrupt, syscall.SIGTERM)
+			defer stop()
+			dir, id := statusDir(), c.String("rdzv-id")
+			if !c.Bool("watch") {
+				docs, local, err := readStatus(ctx, dir, id)
+				if err != nil {
+					return err
+				}
+				switch {
+				case c.Bool("json"):
+					enc := json.NewEncoder(stdout)
+					enc.SetIndent("", "  ")
+					return enc.Encode(docs)
+				case c.Bool("stacks"):
+					return printStacks(ctx, stdout, local, exec.LookPath)
+				}
+				return writeStatusTable(stdout, docs, time.Now())
+			}
+			t := time.NewTicker(time.Second)
+			defer t.Stop()
+			for {
+				docs, _, err := readStatus(ctx, dir, id)
+				if err != nil {
+					fmt.Fprintln(stdout, "the job has ended")
+					return nil
+				}
+				fmt.Fprint(stdout, "\033[H\033[2J")
+				if err := writeStatusTable(stdout, docs, time.Now()); err != nil {
+					return err
+				}
+				select {
+				case <-ctx.Done():
+					return nil
+				case <-t.C:
+				}
+			}
+		},
+	}
+}
+
+var errNoAgent = errors.New("no running gorun agent on this node")
+
+// readStatus asks every agent socket in dir for its job's documents;
+// local are the answering agents' own nodes (the last document of each
+// reply), whose workers run here.
+func readStatus(ctx context.Context, dir, runID string) (docs, local []elastic.NodeStatus, err error) {
+	socks, _ := filepath.Glob(filepath.Join(dir, "*.sock"))
+	for _, sock := range socks {
+		got, err := askAgent(ctx, sock)
+		if err != nil || len(got) == 0 || (runID != "" && got[0].RunID != runID) {
+			continue
+		}
+		docs = append(docs, got...)
+		local = append(local, got[len(got)-1])
+	}
+	docs = latestPerNode(docs)
+	if len(docs) == 0 {
+		return nil, nil, fmt.Errorf("status: %w (looked in %s)", errNoAgent, dir)
+	}
+	return docs, local, nil
+}
+
+func askAgent(ctx context.Context, sock string) ([]elastic.NodeStatus, error) {
+	ctx, cancel := context.WithTimeout(ctx, 3*time.Second)
+	defer cancel()
+	client := &http.Client{Transport: &http.Transport{
+		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+			var d net.Dialer
+			return d.DialContext(ctx, "unix", sock)
+		},
+	}}
+	req, err := http.NewRequestWithContext(ctx, "GET", "http://agent/status", nil)
+	if err != nil {
+		return nil, err
+	}
+	resp, err := client.Do(req)
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	var docs []elastic.NodeStatus
+	if err := json.NewDecoder(resp.Body).Decode(&docs); err != nil {
+		return nil, fmt.Errorf("status: %s: %w", sock, err)
+	}
+	return docs, nil
+}
+
+// latestPerNode keeps the newest document of every node of every job
+// (two agents of one job on this node both answer for all its nodes),
+// ordered by run id and node rank.
+func latestPerNode(docs []elastic.NodeStatus) []elastic.NodeStatus {
+	type key struct {
+		run  string
+		node int
+	}
+	best := map[key]elastic.NodeStatus{}
+	for _, d := range docs {
+		k := key{d.RunID, d.NodeRank}
+		if b, ok := best[k]; !ok || d.Time.After(b.Time) {
+			best[k] = d
+		}
+	}
+	out := make([]elastic.NodeStatus, 0, len(best))
+	for _, d := range best {
+		out = append(out, d)
+	}
+	slices.SortFunc(out, func(a, b elastic.NodeStatus) int {
+		if c := strings.Compare(a.RunID, b.RunID); c != 0 {
+			return c
+		}
+		return a.NodeRank - b.NodeRank
+	})
+	return out
+}
+
+// writeStatusTable prints one row per worker of every node.
+func writeStatusTable(w io.Writer, docs []elastic.NodeStatus, now time.Time) error {
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "RUN\tHOST\tNODE\tRANK\tLOCAL\tPID\tSTATE\tRESTARTS\tCPU%\tRSS\tIDLE\tAGE")
+	for _, d := range docs {
+		rows := slices.Clone(d.Workers)
+		slices.SortFunc(rows, func(a, b elastic.WorkerStatus) int { return a.Rank - b.Rank })
+		for _, r := range rows {
+			state := r.State
+			if r.Exit != "" {
+				state += " (" + r.Exit + ")"
+			}
+			fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%d\t%d\t%s\t%d\t%.0f\t%s\t%.0fs\t%.0fs\n",
+				d.RunID, d.Host, d.NodeRank, r.Rank, r.LocalRank, r.Pid, state, r.Restarts, r.CPU,
+				formatBytes(r.RSS), r.Idle, max(0, now.Sub(d.Time).Seconds()))
+		}
+	}
+	return tw.Flush()
+}
+
+// formatBytes prints n in binary units, one decimal.
+func formatBytes(n int64) string {
+	const unit = 1024
+	if n < unit {
+		return strconv.FormatInt(n, 10) + "B"
+	}
+	v, suffix := float64(n), "B"
+	for _, s := range []string{"KiB", "MiB", "GiB", "TiB"} {
+		if v < unit {
+			break
+		}
+		v, suffix = v/unit, s
+	}
+	return strconv.FormatFloat(v, 'f', 1, 64) + suffix
+}
+
+// printStacks prints the stacks of the workers that run on this node,
+// stopping none: Python ones through py-spy dump.
+func printStacks(ctx context.Context, w io.Writer, local []elastic.NodeStatus, lookPath func(string) (string, error)) error {
+	pyspy, _ := lookPath("py-spy")
+	for _, d := range local {
+		for _, r := range d.Workers {
+			if r.State != elastic.StateRunning {
+				continue
+			}
+			fmt.Fprintf(w, "=== rank %d (local rank %d, pid %d, node %d)\n", r.Rank, r.LocalRank, r.Pid, d.NodeRank)
+			exe, err := os.Readlink("/proc/" + strconv.Itoa(r.Pid) + "/exe")
+			switch {
+			case err != nil:
+				fmt.Fprintln(w, "not running on this node")
+			case !strings.Contains(filepath.Base(exe), "python"):
+				fmt.Fprintln(w, "not a Python worker: stacks of other workers are not available yet")
+			case pyspy == "":
+				fmt.Fprintln(w, "py-spy is not on PATH: pip install py-spy")
+			default:
+				cmd := exec.CommandContext(ctx, pyspy, "dump", "--pid", strconv.Itoa(r.Pid))
+				cmd.Stdout, cmd.Stderr = w, w
+				if err := cmd.Run(); err != nil {
+					fmt.Fprintf(w, "py-spy dump: %v\n", err)
+				}
+			}
+		}
+	}
+	return nil
+}
