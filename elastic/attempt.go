@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strconv"
+	"strings"
 	"sync/atomic"
 
 	"github.com/rs/zerolog"
@@ -24,7 +25,9 @@ type attempt struct {
 	// timerPipe is the file-timer watchdog's pipe (Spec.FileTimer), also
 	// among the closers.
 	timerPipe *timerPipe
-	closers   []io.Closer
+	// faultHandler: the workers are Python with faulthandler on.
+	faultHandler bool
+	closers      []io.Closer
 	// firstLocalRank is the local rank of slot 0: non-zero when a
 	// scheduler placed this node's one worker (Spec.Placement).
 	firstLocalRank int
@@ -77,6 +80,16 @@ func (a *Agent) startAttempt(rk ranks, restart, number int, master workerEndpoin
 		}
 		att.timerPipe, att.closers = p, append(att.closers, p)
 		base = append(slices.Clip(s.Env), timerFileEnv+"="+p.path)
+		// Python prints every thread's traceback on SIGABRT with
+		// faulthandler on, which the watchdog asks for before SIGKILL;
+		// PYTHONFAULTHANDLER set, even empty (off), is the user's say.
+		if s.Python {
+			v, set := envValue(s.Env, "PYTHONFAULTHANDLER")
+			if !set {
+				base, v = append(base, "PYTHONFAULTHANDLER=1"), "1"
+			}
+			att.faultHandler = v != ""
+		}
 	}
 	dupOut, err := att.duplicates(s.DuplicateStdout, attDir, "filtered_stdout.log")
 	var dupErr *launcher.Console
@@ -324,4 +337,15 @@ func (l *logRoot) cleanup(log zerolog.Logger) {
 	if err := launcher.RemoveTree(l.dir); err != nil {
 		log.Warn().Err(err).Msg("temporary folder left behind")
 	}
+}
+
+// envValue is the value of key in env (KEY=value entries, the last one
+// winning, as exec passes them), and whether it is set.
+func envValue(env []string, key string) (string, bool) {
+	for _, kv := range slices.Backward(env) {
+		if v, ok := strings.CutPrefix(kv, key+"="); ok {
+			return v, true
+		}
+	}
+	return "", false
 }

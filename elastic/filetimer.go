@@ -360,7 +360,17 @@ type fileTimer struct {
 	reaped map[int]reapedScope // by slot
 	timer  *time.Timer
 	bad    complaints
+	// askStacks: the workers are Python with faulthandler on, so a worker
+	// to be SIGKILLed gets SIGABRT first, on which faulthandler prints
+	// every thread's traceback (and re-raises it); SIGKILL follows after
+	// stacksGrace in case it is still alive.
+	askStacks   bool
+	stacksGrace time.Duration
 }
+
+// stacksGrace is how long a worker asked for its stacks has to print them
+// before SIGKILL.
+const stacksGrace = 2 * time.Second
 
 // workerSlot is a live worker as the watchdog knows it.
 type workerSlot struct{ slot, rank int }
@@ -369,6 +379,8 @@ type workerSlot struct{ slot, rank int }
 type reapedScope struct {
 	timerScope
 	at time.Time
+	// stacks: the worker was asked for its stacks (SIGABRT) first.
+	stacks bool
 }
 
 // newFileTimer serves pipe for the workers whose pids are given by slot,
@@ -397,7 +409,9 @@ func (a *Agent) startFileTimer(att *attempt) *fileTimer {
 	if att.timerPipe == nil {
 		return nil
 	}
-	return newFileTimer(att.timerPipe, att.group.Pids(), att.baseRank, a.now, att.group.SignalWorker, a.log)
+	t := newFileTimer(att.timerPipe, att.group.Pids(), att.baseRank, a.now, att.group.SignalWorker, a.log)
+	t.askStacks, t.stacksGrace = att.faultHandler, stacksGrace
+	return t
 }
 
 // requests delivers the requests the workers write.
@@ -452,15 +466,23 @@ func (t *fileTimer) check() {
 				Msg("watchdog: scope expired; it asked for no signal, so the worker goes on")
 			continue
 		}
+		sig, stacks := r.cause.signal, t.askStacks && r.cause.signal == syscall.SIGKILL
+		if stacks {
+			// SIGKILL leaves no trace of where the worker was stuck; the
+			// traceback faulthandler prints on SIGABRT does.
+			sig = syscall.SIGABRT
+			slot := w.slot
+			time.AfterFunc(t.stacksGrace, func() { _ = t.signal(slot, syscall.SIGKILL) })
+		}
 		t.log.Error().Int("rank", w.rank).Int("pid", r.pid).Str("scope", r.cause.scope).
-			Str("after", roundIdle(r.cause.allowance()).String()).Str("signal", signalName(r.cause.signal)).
-			Msg("watchdog: scope expired; signalling the worker")
-		if err := t.signal(w.slot, r.cause.signal); err != nil {
+			Str("after", roundIdle(r.cause.allowance()).String()).Str("signal", signalName(sig)).
+			Bool("stacks", stacks).Msg("watchdog: scope expired; signalling the worker")
+		if err := t.signal(w.slot, sig); err != nil {
 			t.log.Warn().Err(err).Int("rank", w.rank).Msg("watchdog: signalling a worker")
 			continue
 		}
 		if _, ok := t.reaped[w.slot]; !ok {
-			t.reaped[w.slot] = reapedScope{timerScope: r.cause, at: now}
+			t.reaped[w.slot] = reapedScope{timerScope: r.cause, at: now, stacks: stacks}
 		}
 	}
 	t.arm()
@@ -502,6 +524,9 @@ func (t *fileTimer) exited(slot int) (reapedScope, bool) {
 // error file said moves to the traceback) and it dates from the reaping.
 func (s reapedScope) failure(f Failure) Failure {
 	msg := fmt.Sprintf("watchdog: scope %q expired after %s", s.scope, roundIdle(s.allowance()))
+	if s.stacks {
+		msg += "; asked for its Python stacks (SIGABRT, printed above), then SIGKILL"
+	}
 	info := &launcher.ErrorInfo{Message: msg, Timestamp: s.at}
 	if f.Error != nil {
 		info.Traceback = joinLines(f.Error.Message, f.Error.Traceback)

@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -121,9 +122,17 @@ func TestExpiredTimers(t *testing.T) {
 // fake clock; the signals it sends are recorded, not sent.
 type timerServer struct {
 	*fileTimer
-	clock   *fakeClock
-	path    string
-	signals []string // "slot:signal"
+	clock *fakeClock
+	path  string
+	mu    sync.Mutex
+	sent  []string // "slot:signal"
+}
+
+// signals are the signals sent so far.
+func (s *timerServer) signals() []string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return slices.Clone(s.sent)
 }
 
 func newTimerServer(t *testing.T) *timerServer {
@@ -136,7 +145,9 @@ func newTimerServer(t *testing.T) *timerServer {
 	t.Cleanup(func() { pipe.Close() })
 	s := &timerServer{clock: &fakeClock{t: time.Unix(1_700_000_000, 0)}, path: path}
 	s.fileTimer = newFileTimer(pipe, []int{1001, 1002}, 10, s.clock.now, func(slot int, sig syscall.Signal) error {
-		s.signals = append(s.signals, fmt.Sprintf("%d:%s", slot, signalName(sig)))
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		s.sent = append(s.sent, fmt.Sprintf("%d:%s", slot, signalName(sig)))
 		return nil
 	}, zerolog.New(zerolog.NewTestWriter(t)))
 	t.Cleanup(s.fileTimer.stop)
@@ -192,19 +203,19 @@ func TestFileTimerReapsTheWorkerThatOverstays(t *testing.T) {
 	}
 	s.clock.advance(999 * time.Millisecond)
 	s.check()
-	if len(s.signals) != 0 {
-		t.Fatalf("signalled before the expiry: %v", s.signals)
+	if len(s.signals()) != 0 {
+		t.Fatalf("signalled before the expiry: %v", s.signals())
 	}
 	s.clock.advance(time.Millisecond)
 	s.check()
-	if want := []string{"0:SIGKILL"}; !slices.Equal(s.signals, want) {
-		t.Fatalf("signals %v, want %v (the released scope reaps nothing)", s.signals, want)
+	if want := []string{"0:SIGKILL"}; !slices.Equal(s.signals(), want) {
+		t.Fatalf("signals %v, want %v (the released scope reaps nothing)", s.signals(), want)
 	}
 	// A reaped worker's timers are cleared: it is not signalled again.
 	s.clock.advance(time.Minute)
 	s.check()
-	if len(s.signals) != 1 {
-		t.Fatalf("signalled again: %v", s.signals)
+	if len(s.signals()) != 1 {
+		t.Fatalf("signalled again: %v", s.signals())
 	}
 
 	reaped, ok := s.exited(0)
@@ -256,8 +267,8 @@ func TestFileTimerShrugsOffBadRequests(t *testing.T) {
 	}
 	s.clock.advance(time.Hour)
 	s.check()
-	if want := []string{"1:SIGKILL"}; !slices.Equal(s.signals, want) {
-		t.Fatalf("signals %v, want only %v", s.signals, want)
+	if want := []string{"1:SIGKILL"}; !slices.Equal(s.signals(), want) {
+		t.Fatalf("signals %v, want only %v", s.signals(), want)
 	}
 }
 
@@ -280,8 +291,8 @@ func TestFileTimerIsDueAtTheExpiry(t *testing.T) {
 		t.Fatal("an expired scope did not make the timer due")
 	}
 	s.check()
-	if want := []string{"0:SIGKILL"}; !slices.Equal(s.signals, want) {
-		t.Fatalf("signals %v, want %v", s.signals, want)
+	if want := []string{"0:SIGKILL"}; !slices.Equal(s.signals(), want) {
+		t.Fatalf("signals %v, want %v", s.signals(), want)
 	}
 	// Rank 10's scopes went with its reaping; rank 11's go with its exit.
 	s.exited(1)
@@ -354,5 +365,35 @@ func TestTimerPipeLifecycle(t *testing.T) {
 	}
 	if _, err := os.OpenFile(path, os.O_WRONLY|syscall.O_NONBLOCK, 0); !errors.Is(err, syscall.ENXIO) {
 		t.Fatalf("a client of an unserved pipe: %v, want ENXIO", err)
+	}
+}
+
+// Python workers with faulthandler on are asked for their stacks before
+// a SIGKILL: SIGABRT first, SIGKILL after the grace; a catchable signal a
+// client asked for is sent as it is.
+func TestFileTimerAsksPythonForStacks(t *testing.T) {
+	s := newTimerServer(t)
+	s.askStacks, s.stacksGrace = true, 10*time.Millisecond
+	s.send(t, s.acquire(1001, "train_step", time.Second, syscall.SIGKILL))
+	s.send(t, s.acquire(1002, "train_step", time.Second, syscall.SIGTERM))
+	s.receive(t)
+	s.receive(t)
+	s.clock.advance(time.Second)
+	s.check()
+	deadline := time.Now().Add(5 * time.Second)
+	for len(s.signals()) < 3 && time.Now().Before(deadline) {
+		time.Sleep(5 * time.Millisecond)
+	}
+	got := s.signals()
+	slices.Sort(got)
+	if want := []string{"0:SIGABRT", "0:SIGKILL", "1:SIGTERM"}; !slices.Equal(got, want) {
+		t.Fatalf("signals %v, want %v", got, want)
+	}
+	reaped, _ := s.exited(0)
+	if f := reaped.failure(Failure{}); !strings.Contains(f.Error.Message, "asked for its Python stacks") {
+		t.Errorf("failure %q does not say the stacks were asked for", f.Error.Message)
+	}
+	if reaped, _ := s.exited(1); strings.Contains(reaped.failure(Failure{}).Error.Message, "stacks") {
+		t.Error("a worker sent its own signal is said to have been asked for stacks")
 	}
 }

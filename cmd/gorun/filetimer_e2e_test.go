@@ -69,9 +69,36 @@ func TestFileTimerFailureRestartsTheGroup(t *testing.T) {
 	py := python(t)
 	j := gorun(t, []string{fileTimer}, "--nproc-per-node", "2", "--max-restarts", "1", "--python", py,
 		"testdata/torch_filetimer.py", "overstay-first")
-	if j.code != 0 || !strings.Contains(j.stderr, "scope=train_step signal=SIGKILL") ||
+	if j.code != 0 || !strings.Contains(j.stderr, "scope=train_step signal=SIGABRT stacks=true") ||
 		!strings.Contains(j.stderr, "restarting (1/1)") || !strings.Contains(j.stdout, "rank 1 done restart=1") {
 		t.Fatalf("want a SIGKILL by the watchdog, one restart and success, got:\n%s", j)
+	}
+}
+
+// A worker that the watchdog would SIGKILL (torch's default) is first
+// asked for its stacks: faulthandler prints the stuck line's traceback on
+// SIGABRT, and the report says so.
+func TestFileTimerPrintsPythonStacksBeforeTheKill(t *testing.T) {
+	py := python(t)
+	j := gorun(t, []string{fileTimer}, "--nproc-per-node", "2", "--python", py, "testdata/torch_filetimer.py", "overstay")
+	if j.code != 128+6 {
+		t.Fatalf("want exit 134 (SIGABRT, on which faulthandler dumps and dies), got:\n%s", j)
+	}
+	// The traceback names the line rank 1 is stuck on: its time.sleep.
+	stuck := regexp.MustCompile(`\[rank1\]: +File ".*torch_filetimer\.py", line (\d+) in <module>`).FindStringSubmatch(j.stderr)
+	src, err := os.ReadFile("testdata/torch_filetimer.py")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if stuck == nil {
+		t.Fatalf("no Python traceback of rank 1:\n%s", j)
+	}
+	n, _ := strconv.Atoi(stuck[1])
+	if lines := strings.Split(string(src), "\n"); n < 1 || n > len(lines) || !strings.Contains(lines[n-1], "time.sleep(60)") {
+		t.Errorf("the traceback points at line %d, not the sleep rank 1 is stuck in:\n%s", n, j)
+	}
+	if !strings.Contains(j.stderr, "asked for its Python stacks (SIGABRT, printed above), then SIGKILL") {
+		t.Errorf("the report does not say the stacks were asked for:\n%s", j)
 	}
 }
 
