@@ -487,7 +487,7 @@ func (d *Dynamic) awaitDecision(ctx context.Context, st jobState, deadline time.
 		case !lastCall.IsZero():
 			wait = min(wait, lastCall.Add(o.LastCallTimeout).Sub(now))
 		}
-		if !now.Before(progressDue(start, reported)) {
+		if !now.Before(NextProgress(start, reported)) {
 			left, until := deadline.Sub(now), "join timeout"
 			if !lastCall.IsZero() {
 				left, until = lastCall.Add(o.LastCallTimeout).Sub(now), "last call"
@@ -495,7 +495,7 @@ func (d *Dynamic) awaitDecision(ctx context.Context, st jobState, deadline time.
 			d.waiting(ctx, r, arrivals, left, until).Log(d.log)
 			reported = now
 		}
-		wait = min(wait, progressDue(start, reported).Sub(now))
+		wait = min(wait, NextProgress(start, reported).Sub(now))
 
 		cur, err := d.job.state(ctx)
 		if err != nil {

@@ -102,9 +102,9 @@ func MissingRanks(nnodes int, arrived []int) []string {
 	return missing
 }
 
-// progressDue says when the next report of a wait that began at start is
+// NextProgress says when the next report of a wait that began at start is
 // due, the last one having come at last (zero: none yet).
-func progressDue(start, last time.Time) time.Time {
+func NextProgress(start, last time.Time) time.Time {
 	if last.IsZero() {
 		return start.Add(FirstProgress)
 	}

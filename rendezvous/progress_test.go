@@ -84,8 +84,8 @@ func TestProgressDue(t *testing.T) {
 		{time.Time{}, start.Add(FirstProgress)},
 		{start.Add(3 * time.Second), start.Add(3*time.Second + ProgressPeriod)},
 	} {
-		if got := progressDue(start, tc.last); !got.Equal(tc.want) {
-			t.Errorf("progressDue(start, %v) = %v, want %v", tc.last, got, tc.want)
+		if got := NextProgress(start, tc.last); !got.Equal(tc.want) {
+			t.Errorf("NextProgress(start, %v) = %v, want %v", tc.last, got, tc.want)
 		}
 	}
 }
