@@ -709,10 +709,12 @@ func (d *Dynamic) waiting(ctx context.Context, r, arrivals int, left time.Durati
 	if err != nil {
 		return w
 	}
-	for _, dd := range ds {
+	ranks := make([]int, len(ds))
+	for i, dd := range ds {
 		w.Names = append(w.Names, dd.Host)
+		ranks[i] = dd.Rank
 	}
-	w.Missing = missingNodes(ds, o.Expected, o.MinNodes, o.MaxNodes)
+	w.Missing = MissingNodes(w.Names, ranks, o.Expected, o.MinNodes, o.MaxNodes)
 	return w
 }
 

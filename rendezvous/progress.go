@@ -111,27 +111,22 @@ func NextProgress(start, last time.Time) time.Time {
 	return last.Add(ProgressPeriod)
 }
 
-// missingNodes names the nodes a round of min to max nodes waits for, from
-// the descriptors of those there: the expected hosts not there, when the
-// launcher knows them; else, in a job of a fixed size whose nodes each ask
-// for a rank, the ranks nobody asked for; else nil (unknown).
-func missingNodes(there []descriptor, expected []string, minNodes, maxNodes int) []string {
+// MissingNodes names the nodes a round of min to max nodes waits for,
+// from the hosts of those there and the ranks they asked for (-1: none):
+// the expected hosts not there, when the launcher knows them; else, in a
+// job of a fixed size whose nodes each ask for a rank, the ranks nobody
+// asked for; else nil (unknown).
+func MissingNodes(hosts []string, ranks []int, expected []string, minNodes, maxNodes int) []string {
 	if len(expected) > 0 {
-		hosts := make([]string, len(there))
-		for i, d := range there {
-			hosts[i] = d.Host
-		}
 		return MissingNames(expected, hosts)
 	}
 	if minNodes != maxNodes {
 		return nil
 	}
-	ranks := make([]int, len(there))
-	for i, d := range there {
-		if d.Rank < 0 || d.Rank >= maxNodes {
+	for _, r := range ranks {
+		if r < 0 || r >= maxNodes {
 			return nil
 		}
-		ranks[i] = d.Rank
 	}
 	return MissingRanks(maxNodes, ranks)
 }

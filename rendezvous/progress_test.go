@@ -37,9 +37,14 @@ func TestMissingNodes(t *testing.T) {
 			min: 2, max: 2, want: []string{"g"}},
 		{name: "everyone there", there: []descriptor{d("a", 1), d("b", 0)}, min: 2, max: 2},
 	} {
-		got := missingNodes(tc.there, tc.expected, tc.min, tc.max)
+		var hosts []string
+		var ranks []int
+		for _, d := range tc.there {
+			hosts, ranks = append(hosts, d.Host), append(ranks, d.Rank)
+		}
+		got := MissingNodes(hosts, ranks, tc.expected, tc.min, tc.max)
 		if !slices.Equal(got, tc.want) {
-			t.Errorf("%s: missingNodes = %q, want %q", tc.name, got, tc.want)
+			t.Errorf("%s: MissingNodes = %q, want %q", tc.name, got, tc.want)
 		}
 	}
 }
