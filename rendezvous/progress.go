@@ -112,21 +112,30 @@ func NextProgress(start, last time.Time) time.Time {
 }
 
 // MissingNodes names the nodes a round of min to max nodes waits for,
-// from the hosts of those there and the ranks they asked for (-1: none):
-// the expected hosts not there, when the launcher knows them; else, in a
-// job of a fixed size whose nodes each ask for a rank, the ranks nobody
-// asked for; else nil (unknown).
+// from the hosts of those there and the ranks they asked for (-1: none),
+// expected being the hosts of the job's nodes in rank order when the
+// launcher knows them. In a job of a fixed size whose nodes each ask for a
+// rank, those are the ranks nobody asked for, by the host expected there
+// if known (a rank does not depend on how a host names itself); else the
+// expected hosts not there; else nil (unknown).
 func MissingNodes(hosts []string, ranks []int, expected []string, minNodes, maxNodes int) []string {
-	if len(expected) > 0 {
+	fixed := minNodes == maxNodes
+	for _, r := range ranks {
+		fixed = fixed && r >= 0 && r < maxNodes
+	}
+	switch {
+	case fixed && len(expected) == maxNodes:
+		var missing []string
+		for r, h := range expected {
+			if !slices.Contains(ranks, r) {
+				missing = append(missing, fmt.Sprintf("%s (node rank %d)", h, r))
+			}
+		}
+		return missing
+	case fixed:
+		return MissingRanks(maxNodes, ranks)
+	case len(expected) > 0:
 		return MissingNames(expected, hosts)
 	}
-	if minNodes != maxNodes {
-		return nil
-	}
-	for _, r := range ranks {
-		if r < 0 || r >= maxNodes {
-			return nil
-		}
-	}
-	return MissingRanks(maxNodes, ranks)
+	return nil
 }

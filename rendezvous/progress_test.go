@@ -31,10 +31,14 @@ func TestMissingNodes(t *testing.T) {
 		{name: "elastic range: ranks say nothing", there: []descriptor{d("a", 0)}, min: 1, max: 2},
 		{name: "hosts expected", there: []descriptor{d("gpu2", -1)}, expected: []string{"gpu1", "gpu2", "gpu3"},
 			min: 1, max: 3, want: []string{"gpu1", "gpu3"}},
-		{name: "a host twice", there: []descriptor{d("h", 0)}, expected: []string{"h", "h"},
+		{name: "a host twice", there: []descriptor{d("h", -1)}, expected: []string{"h", "h"},
 			min: 2, max: 2, want: []string{"h"}},
-		{name: "hosts before ranks", there: []descriptor{d("h", 0)}, expected: []string{"h", "g"},
-			min: 2, max: 2, want: []string{"g"}},
+		{name: "hosts by rank", there: []descriptor{d("gpu1.example", 0)}, expected: []string{"gpu1", "gpu2"},
+			min: 2, max: 2, want: []string{"gpu2 (node rank 1)"}},
+		{name: "hosts by rank, not all known", there: []descriptor{d("a", 0)}, expected: []string{"a", "b"},
+			min: 3, max: 3, want: []string{"node rank 1", "node rank 2"}},
+		{name: "hosts by name when a node asks no rank", there: []descriptor{d("h", 0), d("g", -1)}, expected: []string{"h", "g", "f"},
+			min: 3, max: 3, want: []string{"f"}},
 		{name: "everyone there", there: []descriptor{d("a", 1), d("b", 0)}, min: 2, max: 2},
 	} {
 		var hosts []string
