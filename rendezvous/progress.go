@@ -1,6 +1,7 @@
 package rendezvous
 
 import (
+	"context"
 	"fmt"
 	"slices"
 	"strings"
@@ -138,4 +139,37 @@ func MissingNodes(hosts []string, ranks []int, expected []string, minNodes, maxN
 		return MissingNames(expected, hosts)
 	}
 	return nil
+}
+
+// dialWaiting dials the store at addr within opts.Timeout, as Dial does,
+// saying every ProgressPeriod (msg, at INFO) that missing, the node that
+// hosts it, is not there yet and how long this node waits for it.
+func dialWaiting(ctx context.Context, addr string, opts ClientOptions, log zerolog.Logger, missing, msg string) (*Client, error) {
+	timeout := opts.Timeout
+	if timeout <= 0 {
+		timeout = DefaultTimeout
+	}
+	start := time.Now()
+	deadline := start.Add(timeout)
+	if d, ok := ctx.Deadline(); ok && d.Before(deadline) {
+		deadline = d
+	}
+	var reported time.Time
+	for {
+		until := NextProgress(start, reported)
+		if deadline.Before(until) {
+			until = deadline
+		}
+		dctx, cancel := context.WithDeadline(ctx, until)
+		c, err := Dial(dctx, addr, opts)
+		expired := dctx.Err() != nil
+		cancel()
+		now := time.Now()
+		if err == nil || ctx.Err() != nil || !expired || !now.Before(deadline) {
+			return c, err
+		}
+		log.Info().Str("endpoint", addr).Str("missing", missing).
+			Stringer("left", deadline.Sub(now).Round(time.Second)).Msg(msg)
+		reported = now
+	}
 }
