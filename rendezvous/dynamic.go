@@ -97,7 +97,7 @@ type DynamicOptions struct {
 	// owns the main store.
 	HeartbeatStore Store
 	// Expected names the hosts of the job's nodes, one per node, when the
-	// launcher knows them (SSH, Slurm): a waiting node's progress reports
+	// launcher knows them (a Slurm step): a waiting node's progress reports
 	// and its join timeout name those not there.
 	Expected []string
 	// MaxRestarts is the job's restart budget, shared by every node.
