@@ -97,7 +97,10 @@ func (m *staticMembership) next(ctx context.Context) (*round, error) {
 		return nil, err
 	}
 	m.joining = rd
-	rk, err := assignRanks(ctx, rd.Store, rd.GroupRank, rd.GroupWorldSize, m.spec.Role, m.spec.NProcPerNode)
+	await := func(ctx context.Context, keys []string) error {
+		return m.awaitNodes(ctx, rd.Store, rd.GroupRank, rd.GroupWorldSize, keys)
+	}
+	rk, err := assignRanks(ctx, rd.Store, rd.GroupRank, rd.GroupWorldSize, m.spec.Role, m.spec.NProcPerNode, await)
 	if err != nil {
 		return nil, fmt.Errorf("elastic: assign ranks: %w", err)
 	}

@@ -31,7 +31,9 @@ type ranks struct {
 // assignRanks publishes this node's role info in the round's store and reads
 // every node's, so that global ranks are contiguous per node in group-rank
 // order (torchelastic's _assign_worker_ranks), whatever each node's nproc.
-func assignRanks(ctx context.Context, store rendezvous.Store, groupRank, groupWorldSize int, role string, nproc int) (ranks, error) {
+// await, when set, waits until every node published its own.
+func assignRanks(ctx context.Context, store rendezvous.Store, groupRank, groupWorldSize int, role string, nproc int,
+	await func(ctx context.Context, keys []string) error) (ranks, error) {
 	me, err := json.Marshal(roleInfo{Role: role, Rank: groupRank, LocalWorldSize: nproc})
 	if err != nil {
 		return ranks{}, err
@@ -42,6 +44,11 @@ func assignRanks(ctx context.Context, store rendezvous.Store, groupRank, groupWo
 	keys := make([]string, groupWorldSize)
 	for i := range keys {
 		keys[i] = roleInfoKey(i)
+	}
+	if await != nil {
+		if err := await(ctx, keys); err != nil {
+			return ranks{}, err
+		}
 	}
 	values, err := store.MultiGet(ctx, keys)
 	if err != nil {

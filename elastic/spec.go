@@ -45,6 +45,10 @@ type Spec struct {
 	MasterPort int
 	// LocalAddr is the address this node advertises to workers and peers.
 	LocalAddr string
+	// NodeHosts names the job's nodes in node-rank order, when the
+	// launcher knows them (a Slurm step): a node waiting for the others
+	// names those missing by host.
+	NodeHosts []string
 	// ShareStore gives workers the agent's store (TORCHELASTIC_USE_AGENT_STORE);
 	// otherwise worker rank 0 hosts its own on a port the agent chose.
 	ShareStore bool

@@ -96,6 +96,10 @@ type DynamicOptions struct {
 	// at once rather than at its next heartbeat. The handler owns it as it
 	// owns the main store.
 	HeartbeatStore Store
+	// Expected names the hosts of the job's nodes, one per node, when the
+	// launcher knows them (a Slurm step): a waiting node's progress reports
+	// and its join timeout name those not there.
+	Expected []string
 	// MaxRestarts is the job's restart budget, shared by every node.
 	MaxRestarts int
 	Logger      zerolog.Logger
@@ -344,8 +348,9 @@ func (d *Dynamic) Next(ctx context.Context) (*Round, error) {
 			}
 			// A participant never registered; the round is gone.
 		case v.timedOut:
-			return nil, fmt.Errorf("%w after %v: %d of min %d nodes joined round %d",
-				ErrJoinTimeout, o.JoinTimeout, v.arrivals, o.MinNodes, st.round)
+			w := d.waiting(ctx, st.round, v.arrivals, 0, "join timeout")
+			return nil, fmt.Errorf("%w after %v: %d of min %d nodes joined round %d; missing: %s",
+				ErrJoinTimeout, o.JoinTimeout, v.arrivals, o.MinNodes, st.round, w.MissingText())
 		case v.n == o.MaxNodes:
 			d.log.Info().Int("round", st.round).Msg("round is full: waiting as a spare")
 			if err := d.awaitNextRound(ctx, st); err != nil {
@@ -455,6 +460,8 @@ func (d *Dynamic) join(ctx context.Context, st jobState, deadline time.Time) (id
 func (d *Dynamic) awaitDecision(ctx context.Context, st jobState, deadline time.Time) (verdict, error) {
 	o, r := d.opts, st.round
 	var lastCall time.Time // when this node saw MinNodes arrivals
+	start := o.Now()
+	var reported time.Time // the last progress report
 	for {
 		arrivals, err := d.job.counter(ctx, roundKey(r, "arrivals"))
 		if err != nil {
@@ -480,6 +487,15 @@ func (d *Dynamic) awaitDecision(ctx context.Context, st jobState, deadline time.
 		case !lastCall.IsZero():
 			wait = min(wait, lastCall.Add(o.LastCallTimeout).Sub(now))
 		}
+		if !now.Before(NextProgress(start, reported)) {
+			left, until := deadline.Sub(now), "join timeout"
+			if !lastCall.IsZero() {
+				left, until = lastCall.Add(o.LastCallTimeout).Sub(now), "last call"
+			}
+			d.waiting(ctx, r, arrivals, left, until).Log(d.log)
+			reported = now
+		}
+		wait = min(wait, NextProgress(start, reported).Sub(now))
 
 		cur, err := d.job.state(ctx)
 		if err != nil {
@@ -671,6 +687,35 @@ func (d *Dynamic) Nodes(ctx context.Context) ([]NodeInfo, error) {
 	}
 	nodes, _ := roster(ds)
 	return nodes, nil
+}
+
+// waiting describes round r, which arrivals nodes joined: one read of
+// their descriptors, bounded, since a node registers just after it arrives
+// and may have died in between; the report then names no one.
+func (d *Dynamic) waiting(ctx context.Context, r, arrivals int, left time.Duration, until string) Waiting {
+	o := d.opts
+	w := Waiting{Joined: arrivals, Min: o.MinNodes, Max: o.MaxNodes, Left: max(left, 0), Until: until}
+	keys := make([]string, arrivals)
+	for i := range keys {
+		keys[i] = nodeKey(r, i)
+	}
+	rctx, cancel := context.WithTimeout(ctx, min(d.poll, time.Second))
+	defer cancel()
+	values, err := d.job.MultiGet(rctx, keys)
+	if err != nil {
+		return w
+	}
+	ds, err := decodeDescriptors(values)
+	if err != nil {
+		return w
+	}
+	ranks := make([]int, len(ds))
+	for i, dd := range ds {
+		w.Names = append(w.Names, dd.Host)
+		ranks[i] = dd.Rank
+	}
+	w.Missing = MissingNodes(w.Names, ranks, o.Expected, o.MinNodes, o.MaxNodes)
+	return w
 }
 
 // awaitNextRound waits, as a spare, until round st.round is superseded.

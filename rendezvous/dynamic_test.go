@@ -586,7 +586,7 @@ func TestDynamicJoinTimeout(t *testing.T) {
 		job := newTestJob(t, 2, 3)
 		start := time.Now()
 		_, err := job.node("a").Next(context.Background())
-		if want := "rendezvous: join timeout after 10m0s: 1 of min 2 nodes joined round 0"; err == nil || err.Error() != want {
+		if want := "rendezvous: join timeout after 10m0s: 1 of min 2 nodes joined round 0; missing: 1 node (up to 2)"; err == nil || err.Error() != want {
 			t.Fatalf("Next = %v, want %q", err, want)
 		}
 		if !errors.Is(err, ErrJoinTimeout) {
@@ -612,7 +612,7 @@ func TestDynamicSurvivorBelowMinTimesOut(t *testing.T) {
 		kill(b)
 		awaitChanged(t, a, 10*hb)
 		_, err := a.Next(context.Background())
-		if want := "rendezvous: join timeout after 10m0s: 1 of min 2 nodes joined round 1"; err == nil || err.Error() != want {
+		if want := "rendezvous: join timeout after 10m0s: 1 of min 2 nodes joined round 1; missing: 1 node"; err == nil || err.Error() != want {
 			t.Errorf("Next = %v, want %q", err, want)
 		}
 	})

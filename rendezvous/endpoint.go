@@ -62,18 +62,19 @@ func OpenEndpoint(ctx context.Context, opts EndpointOptions) (*Endpoint, error) 
 		}
 		opts.Logger.Info().Str("endpoint", addr).Msg("another agent on this machine hosts the rendezvous store; joining it")
 	}
-	dial := func() (*Client, error) {
-		c, err := Dial(ctx, addr, ClientOptions{Timeout: opts.Timeout, Auth: opts.Auth})
+	copts := ClientOptions{Timeout: opts.Timeout, Auth: opts.Auth}
+	dial := func(c *Client, err error) (*Client, error) {
 		if err != nil {
-			return nil, fmt.Errorf("rendezvous: join the store at %s: %w", addr, err)
+			return nil, fmt.Errorf("rendezvous: join the store at %s (missing: its host): %w", addr, err)
 		}
 		return c, nil
 	}
-	store, err := dial()
+	// The first dial waits for the host, saying so; the second finds it.
+	store, err := dial(dialWaiting(ctx, addr, copts, opts.Logger, "the store's host "+opts.Host, "waiting for the rendezvous store"))
 	if err != nil {
 		return nil, err
 	}
-	heartbeats, err := dial()
+	heartbeats, err := dial(Dial(ctx, addr, copts))
 	if err != nil {
 		store.Close()
 		return nil, err

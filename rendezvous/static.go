@@ -68,9 +68,10 @@ func (s *Static) connect(ctx context.Context) error {
 	if o.NodeRank != 0 {
 		addr := net.JoinHostPort(o.Host, strconv.Itoa(o.Port))
 		o.Logger.Info().Str("endpoint", addr).Msg("joining the store of node 0")
-		c, err := Dial(ctx, addr, ClientOptions{Timeout: o.Timeout})
+		c, err := dialWaiting(ctx, addr, ClientOptions{Timeout: o.Timeout}, o.Logger,
+			"node rank 0", "waiting for the store of node 0")
 		if err != nil {
-			return fmt.Errorf("rendezvous: node %d joins the store of node 0: %w", o.NodeRank, err)
+			return fmt.Errorf("rendezvous: node %d joins the store of node 0 (missing: node rank 0): %w", o.NodeRank, err)
 		}
 		s.store, s.port = c, o.Port
 		return nil

@@ -342,6 +342,7 @@ func newDynamic(ctx context.Context, spec *elastic.Spec, log zerolog.Logger) (re
 		HeartbeatTimeout:  d.HeartbeatTimeout,
 		HeartbeatStore:    ep.Heartbeats,
 		HostsStore:        ep.Hosting,
+		Expected:          spec.NodeHosts,
 		MaxRestarts:       spec.MaxRestarts,
 		Logger:            log,
 	})
@@ -394,6 +395,7 @@ func newEtcd(spec *elastic.Spec, log zerolog.Logger) (rendezvous.Handler, func(j
 		CloseTimeout:    d.CloseTimeout,
 		LeaseTTL:        e.LeaseTTL,
 		RequestTimeout:  d.ReadTimeout,
+		Expected:        spec.NodeHosts,
 		MaxRestarts:     spec.MaxRestarts,
 		Logger:          log,
 	})

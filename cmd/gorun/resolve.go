@@ -398,6 +398,7 @@ func (r *resolver) slurm(s *elastic.Spec, endpoint *string) (nodeRankFromSlurm b
 		r.note(zerolog.InfoLevel, "inside Slurm step of job %s: this task is worker %d of %d", step.JobID, s.NodeRank, s.MaxNodes)
 	case inStep && !f.IsSet("nnodes") && *endpoint == "" && !f.Bool("standalone"):
 		s.MinNodes, s.MaxNodes = step.NNodes, step.NNodes
+		s.NodeHosts = step.Nodes
 		*endpoint = net.JoinHostPort(step.Nodes[0], strconv.Itoa(step.Port()))
 		s.Backend = "c10d"
 		if !f.IsSet("node-rank") {

@@ -190,7 +190,8 @@ func TestResolveRendezvous(t *testing.T) {
 				"SLURM_JOB_NODELIST", "n[1-2]", "SLURM_STEP_NODELIST", "n[1-2]"),
 			want: func(s elastic.Spec) bool {
 				return s.Backend == "c10d" && s.MinNodes == 2 && s.NodeRank == 1 && s.RunID == "slurm-42" &&
-					s.Dynamic.Host == "n1" && s.Dynamic.Port == 29442 && slices.Contains(s.Signals, 10)
+					s.Dynamic.Host == "n1" && s.Dynamic.Port == 29442 && slices.Contains(s.Signals, 10) &&
+					slices.Equal(s.NodeHosts, []string{"n1", "n2"})
 			}},
 	} {
 		t.Run(tc.name, func(t *testing.T) { tc.check(t) })

@@ -82,6 +82,10 @@ type Options struct {
 	// RequestTimeout bounds each request to etcd: how long a node waits
 	// for a cluster that has lost its quorum before it says so.
 	RequestTimeout time.Duration
+	// Expected names the hosts of the job's nodes, one per node, when the
+	// launcher knows them (a Slurm step): a waiting node's progress reports
+	// and its join timeout name those not there.
+	Expected []string
 	// MaxRestarts is the job's restart budget, shared by every node.
 	MaxRestarts int
 	Logger      zerolog.Logger

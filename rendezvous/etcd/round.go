@@ -165,6 +165,8 @@ func (h *Handler) join(ctx context.Context, st jobState, lease clientv3.LeaseID,
 	}
 
 	var lastCall time.Time // when this node saw MinNodes arrivals
+	start := o.Now()
+	var reported time.Time // the last progress report
 	for {
 		s, err := h.snapshot(ctx, r)
 		if err != nil {
@@ -196,12 +198,14 @@ func (h *Handler) join(ctx context.Context, st jobState, lease clientv3.LeaseID,
 			}
 			continue
 		case stepVoid, stepTimedOut:
+			// Read before this node's key goes.
+			w := h.waiting(ctx, r, s.arrivals, 0, "join timeout")
 			if err := h.decide(ctx, st, true); err != nil {
 				h.log.Warn().Err(err).Int("round", r).Msg("could not void the round")
 			}
 			h.giveUp(ctx, key)
-			return nil, fmt.Errorf("%w after %v: %d of min %d nodes joined round %d",
-				rendezvous.ErrJoinTimeout, o.JoinTimeout, s.arrivals, o.MinNodes, r)
+			return nil, fmt.Errorf("%w after %v: %d of min %d nodes joined round %d; missing: %s",
+				rendezvous.ErrJoinTimeout, o.JoinTimeout, s.arrivals, o.MinNodes, r, w.MissingText())
 		case stepSpare:
 			h.log.Info().Int("round", r).Msg("round is full: waiting as a spare")
 			if err := h.awaitChange(ctx, st, s.rev, "", time.Time{}); err != nil {
@@ -216,8 +220,17 @@ func (h *Handler) join(ctx context.Context, st jobState, lease clientv3.LeaseID,
 			_, err := h.advance(ctx, st, st.next(st.restarts, running), reason)
 			return nil, err
 		}
-		// Wait for the last call, the deadline, a roster or a move.
-		until := *deadline
+		if !now.Before(rendezvous.NextProgress(start, reported)) {
+			left, until := deadline.Sub(now), "join timeout"
+			if !lastCall.IsZero() {
+				left, until = lastCall.Add(o.LastCallTimeout).Sub(now), "last call"
+			}
+			h.waiting(ctx, r, s.arrivals, left, until).Log(h.log)
+			reported = now
+		}
+		// Wait for the last call, the deadline, a roster, a move or the
+		// next progress report.
+		until := minTime(*deadline, rendezvous.NextProgress(start, reported))
 		if !lastCall.IsZero() {
 			until = minTime(until, lastCall.Add(o.LastCallTimeout))
 		}
@@ -226,6 +239,31 @@ func (h *Handler) join(ctx context.Context, st jobState, lease clientv3.LeaseID,
 			return nil, err
 		}
 	}
+}
+
+// waiting describes round r, which arrivals nodes joined, in one read of
+// their keys; a read that fails makes a report that names no one.
+func (h *Handler) waiting(ctx context.Context, r, arrivals int, left time.Duration, until string) rendezvous.Waiting {
+	o := h.opts
+	w := rendezvous.Waiting{Joined: arrivals, Min: o.MinNodes, Max: o.MaxNodes, Left: max(left, 0), Until: until}
+	rctx, cancel := h.request(ctx)
+	defer cancel()
+	resp, err := h.kv.Get(rctx, h.k(nodesKey(r)), clientv3.WithPrefix())
+	if err != nil {
+		return w
+	}
+	var ranks []int
+	for _, kv := range resp.Kvs {
+		var m member
+		if json.Unmarshal(kv.Value, &m) != nil {
+			return w
+		}
+		w.Names = append(w.Names, m.Host)
+		ranks = append(ranks, m.Rank)
+	}
+	w.Joined = max(w.Joined, len(w.Names))
+	w.Missing = rendezvous.MissingNodes(w.Names, ranks, o.Expected, o.MinNodes, o.MaxNodes)
+	return w
 }
 
 func minTime(a, b time.Time) time.Time {
