@@ -41,6 +41,13 @@ func boolFlag(name, usage string, short ...string) cli.Flag {
 	return namedBool{f, f.Names()}
 }
 
+// hiddenStringFlag is a flag gorun sets for itself (on remote agents):
+// no torchrun spelling, no PET_ variable, not in --help.
+func hiddenStringFlag(name, usage string) cli.Flag {
+	f := &cli.StringFlag{Name: name, Hidden: true, Usage: usage}
+	return namedString{f, f.Names()}
+}
+
 // hiddenBoolFlag is a flag gorun sets for itself (on remote agents): no
 // torchrun spelling, no PET_ variable, not in --help.
 func hiddenBoolFlag(name, usage string) cli.Flag {

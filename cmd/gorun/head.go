@@ -43,6 +43,7 @@ func headFlags() []cli.Flag {
 		stringFlag("ssh-config", "", "ssh_config file (default ~/.ssh/config; none: read none)"),
 		stringSliceFlag("ssh-identity", "private key to log in with; repeatable"),
 		stringFlag("ssh-known-hosts", "", "known_hosts file (default: ssh_config's UserKnownHostsFile, then ~/.ssh/known_hosts)"),
+		hiddenStringFlag("node-hosts", "the job's hosts in node-rank order, as the head names them, for the rendezvous's reports: set on remote agents"),
 		hiddenBoolFlag("exit-on-stdin-eof", "stop the job (as on SIGTERM) when stdin reaches EOF: set on remote agents"),
 		hiddenBoolFlag(tokenStdinFlag, "read the rendezvous secret from the first line of stdin: set on remote agents"),
 	}
@@ -158,7 +159,11 @@ func planHead(c *cli.Context, spec elastic.Spec, secret string, log zerolog.Logg
 	if c.IsSet("log-line-prefix-template") {
 		prefix = c.String("log-line-prefix-template")
 	}
-	common := []string{"--nnodes", strconv.Itoa(len(hosts))}
+	names := make([]string, len(hosts))
+	for i, h := range hosts {
+		names[i] = h.Name
+	}
+	common := []string{"--nnodes", strconv.Itoa(len(hosts)), "--node-hosts", strings.Join(names, ",")}
 	var passed []string
 	for _, name := range []string{"rdzv-conf", "shutdown-timeout", "python", "role", "monitor-interval",
 		"redirects", "tee", "local-ranks-filter", "signals-to-handle", "hang-timeout", "log-dir", "log-format", "log-level", "backend", "bind-to",

@@ -304,6 +304,10 @@ func (r *resolver) rendezvous(s *elastic.Spec) {
 		s.Backend = "etcd"
 	}
 	endpoint := f.String("rdzv-endpoint")
+	if hosts := f.String("node-hosts"); hosts != "" {
+		// The head's names of the hosts, for reports of who is missing.
+		s.NodeHosts = strings.Split(hosts, ",")
+	}
 	nodeRankFromSlurm := r.slurm(s, &endpoint)
 	if s.Backend == "" {
 		// torchrun's default is static, with --rdzv-endpoint standing for
