@@ -465,7 +465,8 @@ func (a *Agent) hostWorkerStore(ctx context.Context, host string, r *round) (int
 	}
 	srv := rendezvous.NewServer(rendezvous.ServerOptions{Logger: a.log})
 	go srv.Serve(l)
-	return l.Addr().(*net.TCPAddr).Port, func() { srv.Close() }, nil
+	forget := a.opts.Metrics.HostStore(StoreWorkers, func() *rendezvous.Server { return srv })
+	return l.Addr().(*net.TCPAddr).Port, func() { forget(); srv.Close() }, nil
 }
 
 // freePort asks the kernel for a port that is free on host right now.
