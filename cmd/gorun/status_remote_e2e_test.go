@@ -26,9 +26,13 @@ func TestStatusFromTheRendezvousEndpoint(t *testing.T) {
 	token := tokenFile(t, jobSecret)
 	conf := ",token_file=" + token
 	var agents []*agent
+	var metricsAddrs []string
 	for range 2 {
 		env := append(os.Environ(), "TMPDIR="+t.TempDir())
-		agents = append(agents, startCommandEnv(t, env, bin("gorun"), authJob(endpoint, "remote", conf, worker)...))
+		addr := "127.0.0.1:" + strconv.Itoa(freePort(t))
+		args := append([]string{"--metrics-addr", addr}, authJob(endpoint, "remote", conf, worker)...)
+		agents = append(agents, startCommandEnv(t, env, bin("gorun"), args...))
+		metricsAddrs = append(metricsAddrs, addr)
 	}
 	logs := func() string { return agents[0].out.String() + "\n---\n" + agents[1].out.String() }
 	away := []string{"TMPDIR=" + t.TempDir()} // no agent's socket here
@@ -81,6 +85,18 @@ func TestStatusFromTheRendezvousEndpoint(t *testing.T) {
 		if j.code == 0 || !strings.Contains(j.stderr, c.want) {
 			t.Errorf("%s: want a failure saying %q:\n%s", c.name, c.want, j)
 		}
+	}
+
+	// The agent that hosts the rendezvous store exposes its figures: both
+	// agents' connections, and the reads of gorun status among its requests.
+	hostsStore := func(addr string) bool {
+		return metric(addr, `gorun_store_connections{store="rendezvous"}`) >= 2 &&
+			metric(addr, `gorun_store_requests_total{op="check",store="rendezvous"}`) > 0 &&
+			metric(addr, `gorun_store_bytes{store="rendezvous"}`) > 0
+	}
+	if !waitFor(10*time.Second, func() bool { return hostsStore(metricsAddrs[0]) || hostsStore(metricsAddrs[1]) }) {
+		t.Errorf("no agent exposes the rendezvous store's figures: connections %v/%v",
+			metric(metricsAddrs[0], `gorun_store_connections{store="rendezvous"}`), metric(metricsAddrs[1], `gorun_store_connections{store="rendezvous"}`))
 	}
 
 	if err := os.WriteFile(filepath.Join(dir, "finish"), nil, 0o644); err != nil {
