@@ -122,7 +122,7 @@ func (a *Agent) Run(ctx context.Context) (*Result, error) {
 		restarts = r.restarts
 		a.board.begin(r)
 		a.opts.Metrics.round(a.now().Sub(began), r.ranks.GroupWorldSize)
-		a.log.Info().Int("round", r.number).Int("node_rank", r.ranks.GroupRank).Int("nodes", r.ranks.GroupWorldSize).
+		a.log.Info().Str("event", eventRound).Int("round", r.number).Int("node_rank", r.ranks.GroupRank).Int("nodes", r.ranks.GroupWorldSize).
 			Int("world_size", r.ranks.WorldSize).Int("nproc_per_node", a.spec.NProcPerNode).
 			Int("restarts", r.restarts).Str("run_id", a.spec.RunID).Msg("rendezvous complete")
 
@@ -173,7 +173,7 @@ func (a *Agent) Run(ctx context.Context) (*Result, error) {
 				a.log.Warn().Int("rank", f.Rank).Str("status", f.Exit.String()).Str("reason", r.reason()).
 					Msg("workers failed as the job's round changed; rejoining")
 			} else {
-				a.log.Warn().Int("rank", f.Rank).Str("status", f.Exit.String()).
+				a.log.Warn().Str("event", eventRestart).Int("rank", f.Rank).Str("status", f.Exit.String()).
 					Msgf("worker group failed; restarting (%d/%d)", r.restarts+1, a.spec.MaxRestarts)
 			}
 		default:
@@ -465,7 +465,8 @@ func (a *Agent) hostWorkerStore(ctx context.Context, host string, r *round) (int
 	}
 	srv := rendezvous.NewServer(rendezvous.ServerOptions{Logger: a.log})
 	go srv.Serve(l)
-	return l.Addr().(*net.TCPAddr).Port, func() { srv.Close() }, nil
+	forget := a.opts.Metrics.HostStore(StoreWorkers, func() *rendezvous.Server { return srv })
+	return l.Addr().(*net.TCPAddr).Port, func() { forget(); srv.Close() }, nil
 }
 
 // freePort asks the kernel for a port that is free on host right now.

@@ -254,7 +254,7 @@ func (h *hangCheck) check() {
 		ranks[i] = s.rank
 	}
 	h.pending = len(stuck)
-	h.log.Error().Ints("ranks", ranks).Str("idle", roundIdle(stuck[0].idle).String()).
+	h.log.Error().Str("event", eventHang).Ints("ranks", ranks).Str("idle", roundIdle(stuck[0].idle).String()).
 		Str("signal", signalName(h.dumpSig)).Msg("worker group hung: no collective progress; dumping the stuck workers' stacks")
 	lines, laggards := analyzeHang(h.flights(), h.watch.now())
 	for _, l := range lines {

@@ -19,6 +19,7 @@ type Metrics struct {
 	rounds        prometheus.Counter
 	roundDuration prometheus.Histogram
 	nodes         prometheus.Gauge
+	stores        *storeCollector
 }
 
 // NewMetrics registers the agent's metrics in reg.
@@ -43,8 +44,9 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		nodes: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "gorun_nodes", Help: "Nodes in the current round.",
 		}),
+		stores: newStoreCollector(),
 	}
-	reg.MustRegister(m.workers, m.restarts, m.exits, m.rounds, m.roundDuration, m.nodes)
+	reg.MustRegister(m.workers, m.restarts, m.exits, m.rounds, m.roundDuration, m.nodes, m.stores)
 	for _, s := range []string{StateRunning, StateExited, StateRestarting} {
 		m.workers.WithLabelValues(s)
 	}

@@ -309,7 +309,8 @@ func (g *Group) reap(w *worker) Exit {
 	if exit.Failed() {
 		level = zerolog.WarnLevel
 	}
-	w.log.WithLevel(level).Stringer("exit", exit).Msg("worker exited")
+	// The event is the name of the agent's metric of worker exits.
+	w.log.WithLevel(level).Str("event", "gorun_worker_exits").Stringer("exit", exit).Msg("worker exited")
 	return exit
 }
 

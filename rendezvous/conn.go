@@ -296,6 +296,7 @@ func (c *conn) isHandshaken() bool {
 // handle executes one request and buffers its reply. An error ends the
 // connection.
 func (c *conn) handle(req *request) error {
+	c.srv.countRequest(req.op)
 	t := c.srv.table
 	switch req.op {
 	case opValidate:

@@ -47,6 +47,10 @@ type Endpoint struct {
 	server  *Server
 }
 
+// Server returns the store's server when this process hosts it, else
+// nil: for its figures (Server.Stats).
+func (e *Endpoint) Server() *Server { return e.server }
+
 // OpenEndpoint hosts or joins the store at opts.Host:opts.Port.
 func OpenEndpoint(ctx context.Context, opts EndpointOptions) (*Endpoint, error) {
 	addr := net.JoinHostPort(opts.Host, strconv.Itoa(opts.Port))

@@ -106,6 +106,13 @@ func (b *budget) notePeak(v int64) {
 	}
 }
 
+// Reasons a Server refuses, the keys of ServerStats.Refused.
+const (
+	RefusedBudget    = "budget"     // requests and connections past the memory budget
+	RefusedCaps      = "caps"       // connections past MaxConns, none to close in their place
+	RefusedFDReserve = "fd_reserve" // connections within the file descriptors' reserve
+)
+
 // ServerStats are a Server's resource figures since it started.
 type ServerStats struct {
 	Conns           int   // client connections open now
@@ -116,6 +123,12 @@ type ServerStats struct {
 	RefusedConns    int64 // connections closed at accept: caps, budget, descriptors
 	EvictedConns    int64 // connections closed to make room for new ones
 	TimedOutConns   int64 // connections closed for no valid first request in time
+	// Requests counts the requests served, by operation ("get", "set",
+	// ...); operations never asked are left out.
+	Requests map[string]int64
+	// Refused counts what was refused, by reason (Refused*): requests and
+	// connections together.
+	Refused map[string]int64
 }
 
 // Stats returns the server's resource figures.
@@ -131,7 +144,47 @@ func (s *Server) Stats() ServerStats {
 		RefusedConns:    s.refusedConns.Load(),
 		EvictedConns:    s.evictedConns.Load(),
 		TimedOutConns:   s.timedOutConns.Load(),
+		Requests:        s.requestCounts(),
+		Refused: map[string]int64{
+			RefusedBudget:    s.refusedRequests.Load() + s.refusedConnsFor[refuseBudget].Load(),
+			RefusedCaps:      s.refusedConnsFor[refuseCaps].Load(),
+			RefusedFDReserve: s.refusedConnsFor[refuseFDs].Load(),
+		},
 	}
+}
+
+func (s *Server) requestCounts() map[string]int64 {
+	m := make(map[string]int64)
+	for o := range s.requests {
+		if n := s.requests[o].Load(); n > 0 {
+			m[op(o).String()] = n
+		}
+	}
+	return m
+}
+
+// countRequest counts one request of o: the only cost of the figures on
+// a request's path, one atomic add.
+func (s *Server) countRequest(o op) {
+	if int(o) < len(s.requests) {
+		s.requests[o].Add(1)
+	}
+}
+
+// Why a connection was refused at accept.
+type refuseReason int
+
+const (
+	refuseBudget refuseReason = iota
+	refuseCaps
+	refuseFDs
+	refuseReasons
+)
+
+var refuseText = [refuseReasons]string{
+	refuseBudget: "memory budget exhausted",
+	refuseCaps:   "connection cap reached",
+	refuseFDs:    "file descriptors within the reserve",
 }
 
 // rateLimit lets through a burst of events, then one per interval; it
@@ -214,6 +267,8 @@ type guard struct {
 	refusedConns    atomic.Int64
 	evictedConns    atomic.Int64
 	timedOutConns   atomic.Int64
+	refusedConnsFor [refuseReasons]atomic.Int64
+	requests        [len(opNames)]atomic.Int64
 
 	badFrameLog rateLimit // protocol violations
 	acceptLog   rateLimit // connections refused at accept
@@ -268,9 +323,9 @@ func (s *Server) admitLocked(c *conn) bool {
 			victim = s.longestIdleLocked()
 		}
 		if victim == nil {
-			reason := "file descriptors within the reserve"
+			reason := refuseFDs
 			if atCap {
-				reason = "connection cap reached"
+				reason = refuseCaps
 			}
 			s.refuseConnLocked(c, reason)
 			return false
@@ -278,7 +333,7 @@ func (s *Server) admitLocked(c *conn) bool {
 		s.evictLocked(victim)
 	}
 	if !s.budget.reserve(connCost, false) {
-		s.refuseConnLocked(c, "memory budget exhausted")
+		s.refuseConnLocked(c, refuseBudget)
 		return false
 	}
 	if s.handshakeTimeout > 0 {
@@ -289,10 +344,11 @@ func (s *Server) admitLocked(c *conn) bool {
 	return true
 }
 
-func (s *Server) refuseConnLocked(c *conn, reason string) {
+func (s *Server) refuseConnLocked(c *conn, reason refuseReason) {
 	s.refusedConns.Add(1)
+	s.refusedConnsFor[reason].Add(1)
 	if ok, suppressed := s.acceptLog.allow(time.Now()); ok {
-		c.log.Warn().Str("reason", reason).Int("conns", len(s.conns)).Int("suppressed", suppressed).
+		c.log.Warn().Str("reason", refuseText[reason]).Int("conns", len(s.conns)).Int("suppressed", suppressed).
 			Msg("refusing a store connection")
 	}
 }

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net"
 	"strconv"
+	"sync/atomic"
 	"time"
 
 	"github.com/rs/zerolog"
@@ -34,9 +35,14 @@ type StaticOptions struct {
 type Static struct {
 	opts   StaticOptions
 	server *Server
+	served atomic.Pointer[Server] // server, for Server's callers on other goroutines
 	store  Store
 	port   int
 }
+
+// Server returns the store's server when this node hosts it (node 0,
+// once Next has started it), else nil: for its figures (Server.Stats).
+func (s *Static) Server() *Server { return s.served.Load() }
 
 var _ Handler = (*Static)(nil)
 
@@ -88,6 +94,7 @@ func (s *Static) connect(ctx context.Context) error {
 	}
 	warnOpenStore(o.Logger, l.Addr())
 	s.server = NewServer(ServerOptions{Logger: o.Logger})
+	s.served.Store(s.server)
 	go func() {
 		if err := s.server.Serve(l); err != nil && !errors.Is(err, ErrServerClosed) {
 			o.Logger.Error().Err(err).Msg("store server stopped")

@@ -231,7 +231,7 @@ func launch(ctx context.Context, spec elastic.Spec, log zerolog.Logger, stdout, 
 		Signals: signals, Keeper: keeper,
 		StatusDir: statusDir(), Metrics: metrics,
 		OpenRendezvous: func(ctx context.Context) (rendezvous.Handler, error) {
-			h, rel, err := newRendezvous(ctx, &spec, log)
+			h, rel, err := newRendezvous(ctx, &spec, log, metrics)
 			if err == nil {
 				release = rel
 			}
@@ -285,11 +285,12 @@ const leaveLinger = 300 * time.Millisecond
 
 // newRendezvous returns the handler for spec's rendezvous backend, and
 // what to release once the job is over; release(true) lets the other
-// agents finish with a store this one hosts first.
-func newRendezvous(ctx context.Context, spec *elastic.Spec, log zerolog.Logger) (rendezvous.Handler, func(jobOver bool), error) {
+// agents finish with a store this one hosts first. The figures of a store
+// this node hosts go to metrics.
+func newRendezvous(ctx context.Context, spec *elastic.Spec, log zerolog.Logger, metrics *elastic.Metrics) (rendezvous.Handler, func(jobOver bool), error) {
 	switch spec.Backend {
 	case "c10d":
-		return newDynamic(ctx, spec, log)
+		return newDynamic(ctx, spec, log, metrics)
 	case "etcd":
 		return newEtcd(spec, log)
 	}
@@ -298,7 +299,7 @@ func newRendezvous(ctx context.Context, spec *elastic.Spec, log zerolog.Logger) 
 		// A single node hosts the store where it says workers reach it.
 		host = spec.LocalAddr
 	}
-	return rendezvous.NewStatic(rendezvous.StaticOptions{
+	static := rendezvous.NewStatic(rendezvous.StaticOptions{
 		RunID:    spec.RunID,
 		NodeRank: spec.NodeRank,
 		NNodes:   spec.MaxNodes,
@@ -306,19 +307,24 @@ func newRendezvous(ctx context.Context, spec *elastic.Spec, log zerolog.Logger) 
 		Port:     spec.MasterPort,
 		Timeout:  spec.StoreTimeout,
 		Logger:   log,
-	}), func(bool) {}, nil
+	})
+	metrics.HostStore(elastic.StoreRendezvous, static.Server)
+	return static, func(bool) {}, nil
 }
 
 // newDynamic hosts or joins the c10d store and returns the elastic
 // rendezvous on it. This node advertises --local-addr, else the address
 // it reaches the store from, which its peers can reach too.
-func newDynamic(ctx context.Context, spec *elastic.Spec, log zerolog.Logger) (rendezvous.Handler, func(jobOver bool), error) {
+func newDynamic(ctx context.Context, spec *elastic.Spec, log zerolog.Logger, metrics *elastic.Metrics) (rendezvous.Handler, func(jobOver bool), error) {
 	d := spec.Dynamic
 	ep, err := rendezvous.OpenEndpoint(ctx, rendezvous.EndpointOptions{
 		Host: d.Host, Port: d.Port, IsHost: d.IsHost, Timeout: d.ReadTimeout, Auth: d.Auth, Logger: log,
 	})
 	if err != nil {
 		return nil, nil, err
+	}
+	if ep.Hosting {
+		metrics.HostStore(elastic.StoreRendezvous, ep.Server)
 	}
 	addr := spec.LocalAddr
 	if addr == "" {

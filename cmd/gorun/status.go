@@ -63,6 +63,8 @@ func statusCommand(stdout io.Writer) *cli.Command {
 			"worker of every node.",
 		Flags: []cli.Flag{
 			&cli.StringFlag{Name: "rdzv-id", Usage: "only the job of this run id"},
+			&cli.StringFlag{Name: "rdzv-endpoint", Usage: "read the job of --rdzv-id from its rendezvous store at `HOST:PORT`, from any machine that reaches it"},
+			&cli.StringFlag{Name: "rdzv-conf", Usage: "the job's --rdzv-conf: its token_file is the store's secret (else $" + rdzvTokenEnv + ")"},
 			&cli.BoolFlag{Name: "json", Usage: "print the nodes' documents as JSON"},
 			&cli.BoolFlag{Name: "watch", Usage: "redraw every second until the job ends or Ctrl-C"},
 			&cli.BoolFlag{Name: "stacks", Usage: "print every local worker's stacks (Python through py-spy), stopping none"},
@@ -70,9 +72,13 @@ func statusCommand(stdout io.Writer) *cli.Command {
 		Action: func(c *cli.Context) error {
 			ctx, stop := signal.NotifyContext(c.Context, os.Interrupt, syscall.SIGTERM)
 			defer stop()
-			dir, id := statusDir(), c.String("rdzv-id")
+			read, closeSource, err := statusSourceOf(c, os.LookupEnv)
+			if err != nil {
+				return err
+			}
+			defer closeSource()
 			if !c.Bool("watch") {
-				docs, local, err := readStatus(ctx, dir, id)
+				docs, local, err := read(ctx)
 				if err != nil {
 					return err
 				}
@@ -89,7 +95,7 @@ func statusCommand(stdout io.Writer) *cli.Command {
 			t := time.NewTicker(time.Second)
 			defer t.Stop()
 			for {
-				docs, _, err := readStatus(ctx, dir, id)
+				docs, _, err := read(ctx)
 				if err != nil {
 					fmt.Fprintln(stdout, "the job has ended")
 					return nil
