@@ -226,7 +226,7 @@ func buildTimeline(info TimelineInfo, events []Event) timelineModel {
 			switch {
 			case !x.Failed():
 				r.state = runOK
-			case stopping && (x.Signal == syscall.SIGTERM || x.Signal == syscall.SIGKILL || x.Signal == syscall.SIGINT):
+			case stopping && stoppedExit(x):
 				r.state = runStopped
 			default:
 				r.state = runFailed
@@ -423,6 +423,18 @@ func describe(e Event) string {
 		return "stopped by " + e.Signal
 	}
 	return "?"
+}
+
+// stoppedExit tells whether x is how a worker ends when gorun stops it:
+// by SIGTERM, SIGKILL or SIGINT, or by exiting as a shell does on one
+// (128+signal).
+func stoppedExit(x launcher.Exit) bool {
+	for _, sig := range []syscall.Signal{syscall.SIGTERM, syscall.SIGKILL, syscall.SIGINT} {
+		if x.Signal == sig || x.Signal == 0 && x.ExitCode == 128+int(sig) {
+			return true
+		}
+	}
+	return false
 }
 
 // tickStep is the round step that puts at most tlMaxTicks ticks on span.

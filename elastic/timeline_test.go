@@ -142,6 +142,10 @@ func TestBuildTimelineStates(t *testing.T) {
 			map[int][]runState{0: {runOK}, 1: {runOK}}},
 		{"a failure stops the other", []Event{ev(0, Event{Kind: EventStarted, Ranks: []int{0, 1}, Pids: []int{1, 2}}), ev(5, x(2, 1, 0)), ev(6, x(1, 143, syscall.SIGTERM))},
 			map[int][]runState{0: {runStopped}, 1: {runFailed}}},
+		{"exit 143 after a failure is the stop's", []Event{ev(0, Event{Kind: EventStarted, Ranks: []int{0, 1}, Pids: []int{1, 2}}), ev(5, x(2, 1, 0)), ev(6, x(1, 143, 0))},
+			map[int][]runState{0: {runStopped}, 1: {runFailed}}},
+		{"exit 7 after a failure is a failure", []Event{ev(0, Event{Kind: EventStarted, Ranks: []int{0, 1}, Pids: []int{1, 2}}), ev(5, x(2, 1, 0)), ev(6, x(1, 7, 0))},
+			map[int][]runState{0: {runFailed}, 1: {runFailed}}},
 		{"a SIGKILL first is a failure", []Event{ev(0, Event{Kind: EventStarted, Ranks: []int{0}, Pids: []int{1}}), ev(5, x(1, 137, syscall.SIGKILL))},
 			map[int][]runState{0: {runFailed}}},
 		{"restart, one still running", []Event{
