@@ -4,7 +4,11 @@ import (
 	"bytes"
 	"encoding/xml"
 	"errors"
+	"fmt"
+	"image/png"
 	"io"
+	"os"
+	"os/exec"
 	"strings"
 	"syscall"
 	"testing"
@@ -192,6 +196,64 @@ func TestTickStep(t *testing.T) {
 		}
 		if n := tt.span / tickStep(tt.span); n > tlMaxTicks {
 			t.Errorf("tickStep(%v): %d ticks", tt.span, n)
+		}
+	}
+}
+
+// TestTimelineDrawsAHang draws a hang with rsvg-convert and finds its
+// mark in the stuck rank's row only, and the running bars' colour in both.
+func TestTimelineDrawsAHang(t *testing.T) {
+	rsvg, err := exec.LookPath("rsvg-convert")
+	if err != nil {
+		if os.Getenv("CI") == "true" {
+			t.Fatalf("rsvg-convert is missing (Debian package librsvg2-bin): %v", err)
+		}
+		t.Skipf("rsvg-convert is missing: install the Debian package librsvg2-bin (%v)", err)
+	}
+	t0 := time.Unix(1000, 0)
+	svg := TimelineSVG(TimelineInfo{RunID: "r", Host: "h", Result: "stopped by SIGTERM", Failed: true, End: t0.Add(10 * time.Second)}, []Event{
+		{Time: t0, Kind: EventRound, Nodes: 1},
+		{Time: t0, Kind: EventStarted, Ranks: []int{0, 1}, Pids: []int{7, 8}},
+		{Time: t0.Add(5 * time.Second), Kind: EventHang, Ranks: []int{1}},
+	})
+	cmd := exec.Command(rsvg, "--format", "png")
+	cmd.Stdin = bytes.NewReader(svg)
+	out, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("rsvg-convert: %v", err)
+	}
+	img, err := png.Decode(bytes.NewReader(out))
+	if err != nil {
+		t.Fatal(err)
+	}
+	count := func(row int, colour string) (n int) {
+		var r0, g0, b0 int
+		if _, err := fmt.Sscanf(colour, "#%02x%02x%02x", &r0, &g0, &b0); err != nil {
+			t.Fatal(err)
+		}
+		near := func(a uint32, b int) bool { return int(a>>8)-b <= 6 && b-int(a>>8) <= 6 }
+		for y := tlTop + row*tlRowH; y < tlTop+(row+1)*tlRowH; y++ {
+			for x := tlLeft; x < tlWidth-tlRight; x++ {
+				r, g, b, _ := img.At(x, y).RGBA()
+				if near(r, r0) && near(g, g0) && near(b, b0) {
+					n++
+				}
+			}
+		}
+		return n
+	}
+	// The hang's line, 2 pixels wide, crosses every row; the stuck
+	// rank's row also has the ring around it.
+	line := tlRowH * 2
+	if n := count(1, hangColour); n < line+40 {
+		t.Errorf("%d pixels of the hang's colour in rank 1's row, want its line and its ring", n)
+	}
+	if n := count(0, hangColour); n > line {
+		t.Errorf("%d pixels of the hang's colour in rank 0's row, more than the hang's line (%d)", n, line)
+	}
+	for row := range 2 {
+		if n := count(row, runColours[runRunning]); n < 1000 {
+			t.Errorf("row %d: %d pixels of the running bar's colour", row, n)
 		}
 	}
 }
