@@ -350,10 +350,15 @@ func TimelineSVG(info TimelineInfo, events []Event) []byte {
 	for i, mk := range m.marks {
 		mx := x(mk.at)
 		ly := tlTop - 8 - (i%2)*12 // alternate heights so that close labels do not overlap
+		// A label near the right edge ends at its mark rather than being cut off.
+		lx, anchor := mx+2, "start"
+		if mx > tlWidth-tlRight-7*float64(len(mk.label)) {
+			lx, anchor = mx-2, "end"
+		}
 		switch mk.kind {
 		case EventRound:
 			p(`<line x1="%.1f" y1="%d" x2="%.1f" y2="%d" stroke="%s" stroke-dasharray="4 3"/>`, mx, tlTop-4, mx, bottom, roundColour)
-			p(`<text x="%.1f" y="%d" fill="%s" font-size="10">%s</text>`+"\n", mx+2, ly, roundColour, esc(mk.label))
+			p(`<text x="%.1f" y="%d" text-anchor="%s" fill="%s" font-size="10">%s</text>`+"\n", lx, ly, anchor, roundColour, esc(mk.label))
 		case EventHang:
 			p(`<line x1="%.1f" y1="%d" x2="%.1f" y2="%d" stroke="%s" stroke-width="2"/>`, mx, tlTop-4, mx, bottom, hangColour)
 			for _, rank := range mk.ranks {
@@ -361,10 +366,10 @@ func TimelineSVG(info TimelineInfo, events []Event) []byte {
 					p(`<circle cx="%.1f" cy="%d" r="7" fill="none" stroke="%s" stroke-width="3"/>`, mx, tlTop+row*tlRowH+tlRowH/2, hangColour)
 				}
 			}
-			p(`<text x="%.1f" y="%d" fill="%s" font-size="10" font-weight="bold">%s</text>`+"\n", mx+2, ly, hangColour, esc(mk.label))
+			p(`<text x="%.1f" y="%d" text-anchor="%s" fill="%s" font-size="10" font-weight="bold">%s</text>`+"\n", lx, ly, anchor, hangColour, esc(mk.label))
 		case EventSignal:
 			p(`<line x1="%.1f" y1="%d" x2="%.1f" y2="%d" stroke="%s" stroke-width="2"/>`, mx, tlTop-4, mx, bottom, signalColour)
-			p(`<text x="%.1f" y="%d" fill="%s" font-size="10" font-weight="bold">%s</text>`+"\n", mx+2, ly, signalColour, esc(mk.label))
+			p(`<text x="%.1f" y="%d" text-anchor="%s" fill="%s" font-size="10" font-weight="bold">%s</text>`+"\n", lx, ly, anchor, signalColour, esc(mk.label))
 		}
 	}
 

@@ -213,3 +213,32 @@ func TestTimelineReportRefusals(t *testing.T) {
 		t.Errorf("the symlink's target was written: %q, %v", b, err)
 	}
 }
+
+// A hung job's timeline marks the hang, with a ring on each stuck rank.
+func TestTimelineReportOfAHang(t *testing.T) {
+	rsvg := rsvgConvert(t)
+	path := filepath.Join(t.TempDir(), "hang.svg")
+	j := gorun(t, nil, "--nproc-per-node", "2", "--hang-timeout", "2s", "--report", path, bin("hang"), "-hang-after", "5")
+	if j.code == 0 {
+		t.Fatalf("a hung job succeeded:\n%s", j)
+	}
+	svg, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatalf("no report: %v\n%s", err, j)
+	}
+	if !bytes.Contains(svg, []byte("hang: ranks 0,1")) {
+		t.Errorf("the timeline marks no hang of ranks 0 and 1:\n%s", svg)
+	}
+	img := drawSVG(t, rsvg, svg)
+	const hangColour, half, labels = "#9b30d0", 12, 90
+	rows := rowBands(t, svg)
+	if len(rows) != 2 {
+		t.Fatalf("rows %v, want ranks 0 and 1", rows)
+	}
+	for rank, y := range rows {
+		// More than the hang's line, 2 pixels wide: its ring too.
+		if n := countColour(img, labels, y-half, y+half, hangColour); n < 4*half+40 {
+			t.Errorf("rank %d: %d pixels of the hang's colour in its row, want its ring", rank, n)
+		}
+	}
+}
