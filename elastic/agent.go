@@ -45,6 +45,8 @@ type Options struct {
 	StatusDir string
 	// Metrics, when set, receives the agent's Prometheus metrics.
 	Metrics *Metrics
+	// Timeline, when set, records the agent's events (gorun --report).
+	Timeline *Timeline
 }
 
 // Agent runs one node's worker group through restarts until the job ends.
@@ -121,6 +123,7 @@ func (a *Agent) Run(ctx context.Context) (*Result, error) {
 		}
 		restarts = r.restarts
 		a.board.begin(r)
+		a.opts.Timeline.round(a.now(), r)
 		a.opts.Metrics.round(a.now().Sub(began), r.ranks.GroupWorldSize)
 		a.log.Info().Str("event", eventRound).Int("round", r.number).Int("node_rank", r.ranks.GroupRank).Int("nodes", r.ranks.GroupWorldSize).
 			Int("world_size", r.ranks.WorldSize).Int("nproc_per_node", a.spec.NProcPerNode).
@@ -289,6 +292,7 @@ func (a *Agent) during(ctx context.Context, fn func(ctx context.Context) error) 
 			}
 			a.log.Warn().Str("signal", signalName(sig)).Msg("stopping: leaving the rendezvous")
 			stopped, signals = sig, nil
+			a.opts.Timeline.signalled(a.now(), sig)
 			cancel()
 		}
 	}
@@ -325,6 +329,7 @@ func (a *Agent) stop(m membership, sig syscall.Signal, restarts int) *Result {
 func (a *Agent) interrupted(sig syscall.Signal, restarts int) *Result {
 	name := signalName(sig)
 	a.log.Warn().Str("signal", name).Msg("stopped on a signal")
+	a.opts.Timeline.signalled(a.now(), sig)
 	return &Result{ExitCode: 128 + int(sig), Restarts: restarts, Interrupted: name}
 }
 
@@ -521,6 +526,7 @@ func (a *Agent) watch(ctx context.Context, att *attempt, changed <-chan struct{}
 				continue
 			}
 			a.board.exited(e)
+			a.opts.Timeline.exited(e)
 			reaped, byWatchdog := timers.exited(e.LocalRank)
 			if stuck, all := hang.exited(e.LocalRank); stuck {
 				out.failures = append(out.failures, hang.failure(e.LocalRank, att.failure(e, a.spec.Host)))
@@ -537,6 +543,9 @@ func (a *Agent) watch(ctx context.Context, att *attempt, changed <-chan struct{}
 		case <-hang.tick():
 			if !stopping {
 				hang.check()
+				if hang.hung() {
+					a.opts.Timeline.hung(a.now(), hang)
+				}
 			}
 		case <-hang.dumped():
 			stop(syscall.SIGTERM)
@@ -559,6 +568,7 @@ func (a *Agent) watch(ctx context.Context, att *attempt, changed <-chan struct{}
 				continue
 			}
 			out.signal = sig
+			a.opts.Timeline.signalled(a.now(), sig)
 			if stopping {
 				_ = att.group.Signal(sig)
 			}

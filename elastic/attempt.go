@@ -176,6 +176,7 @@ func (a *Agent) startAttempt(rk ranks, restart, number int, master workerEndpoin
 	}
 	att.group = group
 	a.board.started(att, stamps)
+	a.opts.Timeline.started(a.now(), att)
 	started := a.log.Info().Str("event", eventStarted).Int("restart", restart).Int("attempt", number).Ints("pids", group.Pids())
 	if s.CPUs != nil {
 		started = started.Interface("cpus", s.CPUs[:min(len(specs), len(s.CPUs))])

@@ -93,6 +93,9 @@ type Spec struct {
 	// MetricsAddr, when set, is the HOST:PORT the agent serves its
 	// Prometheus metrics on (/metrics).
 	MetricsAddr string
+	// Report, when set, is where gorun writes the job's timeline when it
+	// ends (.html or .svg); gorun's main writes it, not the agent.
+	Report string
 	// Redirects and Tee say, per local rank, which streams go to files only
 	// and which go to files and the console.
 	Redirects map[int]launcher.Std

@@ -109,6 +109,7 @@ func flags() []cli.Flag {
 		stringFlag("python", "", "Python interpreter for .py programs (default $PYTHON_EXEC or python3)"),
 		stringFlag("log-dir", "", "folder for <run_id>/attempt_<k>/<local_rank>/{stdout,stderr}.log"),
 		stringFlag("metrics-addr", "", "serve the agent's Prometheus metrics (gorun_*) on HOST:PORT at /metrics"),
+		stringFlag("report", "", "when the job ends, write a picture of it on this node (a row per rank over time: starts, restarts, exits, rounds, hangs) to FILE.html or FILE.svg"),
 		stringFlag("redirects", "0", "streams sent to log files only: 0 none, 1 stdout, 2 stderr, 3 both, or per local rank 0:1,1:2", "r"),
 		stringFlag("tee", "0", "streams sent to log files and the console (same syntax as --redirects)", "t"),
 		stringFlag("local-ranks-filter", "", "local ranks shown on the console, e.g. 0,2 (files keep all)"),

@@ -226,10 +226,15 @@ func launch(ctx context.Context, spec elastic.Spec, log zerolog.Logger, stdout, 
 		return 0, err
 	}
 	defer stopMetrics()
+	report, err := openReport(spec.Report)
+	if err != nil {
+		return 0, err
+	}
+	timeline := elastic.NewTimeline()
 	agent := elastic.NewAgent(spec, elastic.Options{
 		Logger: log, Stdout: stdout, Stderr: stderr,
 		Signals: signals, Keeper: keeper,
-		StatusDir: statusDir(), Metrics: metrics,
+		StatusDir: statusDir(), Metrics: metrics, Timeline: timeline,
 		OpenRendezvous: func(ctx context.Context) (rendezvous.Handler, error) {
 			h, rel, err := newRendezvous(ctx, &spec, log, metrics)
 			if err == nil {
@@ -239,6 +244,9 @@ func launch(ctx context.Context, spec elastic.Spec, log zerolog.Logger, stdout, 
 		},
 	})
 	result, err := agent.Run(ctx)
+	if rerr := writeReport(report, spec, timeline, result, err); rerr != nil {
+		log.Error().Err(rerr).Msg("the job's timeline was not written")
+	}
 	if err != nil {
 		release(false)
 		return 0, err

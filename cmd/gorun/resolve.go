@@ -7,6 +7,7 @@ import (
 	"maps"
 	"math"
 	"net"
+	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -505,6 +506,11 @@ func (r *resolver) output(s *elastic.Spec) {
 	}
 	s.LogDir = f.String("log-dir")
 	s.MetricsAddr = f.String("metrics-addr")
+	if s.Report = f.String("report"); s.Report != "" {
+		if ext := strings.ToLower(filepath.Ext(s.Report)); ext != ".html" && ext != ".svg" {
+			r.fail(fmt.Errorf("--report %q: want a FILE.html or FILE.svg", s.Report))
+		}
+	}
 	// torch's LocalElasticAgent serves its file-timer watchdog on these.
 	s.FileTimer = r.env("TORCHELASTIC_ENABLE_FILE_TIMER") == "1"
 	s.TimerFile = r.env("TORCHELASTIC_TIMER_FILE")
