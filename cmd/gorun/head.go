@@ -167,7 +167,7 @@ func planHead(c *cli.Context, spec elastic.Spec, secret string, log zerolog.Logg
 	var passed []string
 	for _, name := range []string{"rdzv-conf", "shutdown-timeout", "python", "role", "monitor-interval",
 		"redirects", "tee", "local-ranks-filter", "signals-to-handle", "hang-timeout", "log-dir", "log-format", "log-level", "backend", "bind-to",
-		"numa-binding", "duplicate-stdout-filters", "duplicate-stderr-filters", "event-log-handler"} {
+		"numa-binding", "duplicate-stdout-filters", "duplicate-stderr-filters", "event-log-handler", "report", "metrics-addr"} {
 		if c.IsSet(name) {
 			passed = append(passed, "--"+name, c.String(name))
 		}
