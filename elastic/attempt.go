@@ -22,6 +22,7 @@ type attempt struct {
 	errorFiles map[int]string // by slot (launcher.Exit.LocalRank)
 	progress   []progressFile // with --hang-timeout
 	stacks     map[int]string // the workers' stacks sockets, by slot
+	round      *round         // that the attempt runs in
 	// timerPipe is the file-timer watchdog's pipe (Spec.FileTimer), also
 	// among the closers.
 	timerPipe *timerPipe
