@@ -9,6 +9,7 @@ import (
 	"os"
 	"slices"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -151,6 +152,35 @@ type hangCheck struct {
 	share    *flightShare       // with the other nodes; nil: one node
 	stacks   map[int]string     // the workers' stacks sockets, by rank
 	ctx      context.Context    // the watch's
+
+	// The analysis is made once, by check or, when another node found
+	// the hang first, by the goroutine that answered it.
+	analysed  sync.Mutex
+	lines     []string
+	laggards  []int
+	madeLines bool
+}
+
+// analyse gathers every node's flight records (this node's alone with
+// one node), logs the analysis and the stacks of this node's laggards,
+// and returns it; once: later calls return the first one's.
+func (h *hangCheck) analyse() (lines []string, laggards []int) {
+	h.analysed.Lock()
+	defer h.analysed.Unlock()
+	if h.madeLines {
+		return h.lines, h.laggards
+	}
+	all, missing := h.share.gather(h.ctx, h.flights(), hangGatherWait)
+	lines, laggards = analyzeHang(all, h.watch.now())
+	if len(missing) > 0 {
+		lines = append(lines, fmt.Sprintf("node(s) %v sent no flight records within %s: the analysis lacks their ranks", missing, hangGatherWait))
+	}
+	for _, l := range lines {
+		h.log.Error().Msg("hang analysis: " + l)
+	}
+	h.logLaggardStacks(laggards)
+	h.lines, h.laggards, h.madeLines = lines, laggards, true
+	return lines, laggards
 }
 
 // rankReader reads a worker's progress file.
@@ -213,6 +243,7 @@ func (a *Agent) startHangCheck(ctx context.Context, att *attempt) *hangCheck {
 		h.share = &flightShare{
 			store: r.store, restart: r.restarts, node: r.ranks.GroupRank, nodes: r.ranks.GroupWorldSize,
 			read: h.flights, log: a.log, period: hangCheckPeriod(a.spec.HangTimeout),
+			onAnswer: func() { h.analyse() },
 		}
 		h.share.start(ctx)
 	}
@@ -272,16 +303,8 @@ func (h *hangCheck) check() {
 	h.pending = len(stuck)
 	h.log.Error().Ints("ranks", ranks).Str("idle", roundIdle(stuck[0].idle).String()).
 		Str("signal", signalName(h.dumpSig)).Msg("worker group hung: no collective progress; dumping the stuck workers' stacks")
-	all, missing := h.share.gather(h.ctx, h.flights(), hangGatherWait)
-	lines, laggards := analyzeHang(all, h.watch.now())
-	if len(missing) > 0 {
-		lines = append(lines, fmt.Sprintf("node(s) %v sent no flight records within %s: the analysis lacks their ranks", missing, hangGatherWait))
-	}
-	for _, l := range lines {
-		h.log.Error().Msg("hang analysis: " + l)
-	}
+	lines, laggards := h.analyse()
 	h.analysis = strings.Join(lines, "\n")
-	h.logLaggardStacks(laggards)
 	// The laggards dump first, so that the stacks of the ranks that hold
 	// the others up lead.
 	slices.SortStableFunc(stuck, func(a, b stuckWorker) int {

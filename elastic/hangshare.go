@@ -103,6 +103,9 @@ type flightShare struct {
 	period      time.Duration // of the answer checks
 	answered    atomic.Bool   // this node's records are published
 	stop        func()        // the answering goroutine
+	// onAnswer, when set, runs after the goroutine answered a request:
+	// the analysis, which this node makes too.
+	onAnswer func()
 }
 
 // publish puts this node's records in the store.
@@ -154,12 +157,17 @@ func (s *flightShare) start(ctx context.Context) {
 			case <-t.C:
 			}
 			actx, acancel := context.WithTimeout(ctx, s.period)
-			if ok, err := s.answer(actx); err != nil && ctx.Err() == nil {
+			ok, err := s.answer(actx)
+			if err != nil && ctx.Err() == nil {
 				s.log.Debug().Err(err).Msg("answering a hang analysis")
-			} else if ok {
-				s.log.Info().Msg("another node found the job hung: published this node's flight records")
 			}
 			acancel()
+			if ok {
+				s.log.Info().Msg("another node found the job hung: published this node's flight records")
+				if s.onAnswer != nil {
+					s.onAnswer()
+				}
+			}
 		}
 	}()
 }

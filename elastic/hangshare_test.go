@@ -69,6 +69,8 @@ func TestGatherFlights(t *testing.T) {
 	if ok, _ := store.Check(ctx, []string{flightKey(1, 2)}); ok {
 		t.Fatal("node 2 published unasked")
 	}
+	analysed := make(chan struct{})
+	n2.onAnswer = func() { close(analysed) } // the answering node analyses too
 	n2.start(ctx)
 	defer n2.close()
 	// Node 3 never answers.
@@ -88,6 +90,11 @@ func TestGatherFlights(t *testing.T) {
 	lines, laggards := analyzeHang(all, time.Unix(200, 0))
 	if !reflect.DeepEqual(laggards, []int{3}) {
 		t.Errorf("laggards %v, want [3]:\n%s", laggards, strings.Join(lines, "\n"))
+	}
+	select {
+	case <-analysed:
+	case <-time.After(10 * time.Second):
+		t.Error("node 2 answered without making the analysis")
 	}
 	// Answering is once per attempt.
 	if ok, err := n2.answer(ctx); ok || err != nil {
