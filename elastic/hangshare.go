@@ -199,20 +199,20 @@ func (s *flightShare) gather(ctx context.Context, own []rankFlight, wait time.Du
 	}
 	s.answered.Store(true)
 	// One deadline for all: a node that does not answer costs the wait
-	// once, not once per node.
+	// once, not once per node. Past it, the records of the nodes after
+	// that one may be there already: a last look, with one short
+	// deadline for all.
+	late, lateCancel := context.WithTimeout(context.WithoutCancel(ctx), wait+250*time.Millisecond)
+	defer lateCancel()
 	for n := range s.nodes {
 		if n == s.node {
 			continue
 		}
 		theirs, err := s.fetch(ctx, n)
 		if err != nil && ctx.Err() != nil {
-			// Past the deadline, another node's records may be there
-			// already: a last look, without waiting.
-			lctx, lcancel := context.WithTimeout(context.WithoutCancel(ctx), 250*time.Millisecond)
-			if ok, cerr := s.store.Check(lctx, []string{flightKey(s.restart, n)}); cerr == nil && ok {
-				theirs, err = s.fetch(lctx, n)
+			if ok, cerr := s.store.Check(late, []string{flightKey(s.restart, n)}); cerr == nil && ok {
+				theirs, err = s.fetch(late, n)
 			}
-			lcancel()
 		}
 		if err != nil {
 			missing = append(missing, n)
