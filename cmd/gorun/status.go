@@ -65,7 +65,7 @@ func statusCommand(stdout io.Writer) *cli.Command {
 			&cli.StringFlag{Name: "rdzv-id", Usage: "only the job of this run id"},
 			&cli.BoolFlag{Name: "json", Usage: "print the nodes' documents as JSON"},
 			&cli.BoolFlag{Name: "watch", Usage: "redraw every second until the job ends or Ctrl-C"},
-			&cli.BoolFlag{Name: "stacks", Usage: "print every local worker's stacks (Python through py-spy), stopping none"},
+			&cli.BoolFlag{Name: "stacks", Usage: "print every local worker's stacks (Go workers through their runtime, Python through py-spy), stopping none"},
 		},
 		Action: func(c *cli.Context) error {
 			ctx, stop := signal.NotifyContext(c.Context, os.Interrupt, syscall.SIGTERM)
