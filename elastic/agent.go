@@ -390,6 +390,7 @@ func (a *Agent) runRound(ctx context.Context, r *round, attempt int, logs *logRo
 	if err != nil {
 		return outcome{}, err
 	}
+	att.round = r
 	out := a.watch(ctx, att, r.changed)
 	att.closeOutput()
 	return out, nil
@@ -513,7 +514,7 @@ func (a *Agent) watch(ctx context.Context, att *attempt, changed <-chan struct{}
 			close(stopped)
 		}()
 	}
-	hang := a.startHangCheck(att)
+	hang := a.startHangCheck(ctx, att)
 	defer hang.stop()
 	timers := a.startFileTimer(att)
 	defer timers.stop()

@@ -22,6 +22,8 @@ type attempt struct {
 	group      *launcher.Group
 	errorFiles map[int]string // by slot (launcher.Exit.LocalRank)
 	progress   []progressFile // with --hang-timeout
+	stacks     map[int]string // the workers' stacks sockets, by slot
+	round      *round         // that the attempt runs in
 	// timerPipe is the file-timer watchdog's pipe (Spec.FileTimer), also
 	// among the closers.
 	timerPipe *timerPipe
@@ -41,7 +43,7 @@ type attempt struct {
 // folder.
 func (a *Agent) startAttempt(rk ranks, restart, number int, master workerEndpoint, logs *logRoot) (*attempt, error) {
 	s := a.spec
-	att := &attempt{errorFiles: make(map[int]string, s.NProcPerNode), baseRank: rk.BaseRank}
+	att := &attempt{errorFiles: make(map[int]string, s.NProcPerNode), stacks: make(map[int]string), baseRank: rk.BaseRank}
 	stdout := launcher.NewConsole(a.opts.Stdout, launcher.ConsoleOptions{Timestamps: s.Timestamps, Now: a.now})
 	stderr := launcher.NewConsole(a.opts.Stderr, launcher.ConsoleOptions{Timestamps: s.Timestamps, Now: a.now})
 	// Where the workers sit as they see it: in the node the rendezvous
@@ -144,6 +146,13 @@ func (a *Agent) startAttempt(rk ranks, restart, number int, master workerEndpoin
 			}
 			att.progress = append(att.progress, p)
 			env.Extra[progressFileEnv] = p.path
+		}
+		if dir := a.board.stacksDir; dir != "" && !s.Python {
+			sock := stacksSocket(dir, os.Getpid(), lr)
+			socketCloser(sock).Close() // left by a worker that was killed
+			att.stacks[slot] = sock
+			att.closers = append(att.closers, socketCloser(sock))
+			env.Extra[stacksSocketEnv] = sock
 		}
 		if err := env.Validate(); err != nil {
 			att.closeOutput()

@@ -2,12 +2,14 @@ package elastic
 
 import (
 	"cmp"
+	"context"
 	"encoding/binary"
 	"errors"
 	"fmt"
 	"os"
 	"slices"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -147,6 +149,38 @@ type hangCheck struct {
 	dumpWait <-chan time.Time
 	analysis string             // of the flight records, when the hang was found
 	flight   map[int]rankReader // the workers' files, by local rank
+	share    *flightShare       // with the other nodes; nil: one node
+	stacks   map[int]string     // the workers' stacks sockets, by rank
+	ctx      context.Context    // the watch's
+
+	// The analysis is made once, by check or, when another node found
+	// the hang first, by the goroutine that answered it.
+	analysed  sync.Mutex
+	lines     []string
+	laggards  []int
+	madeLines bool
+}
+
+// analyse gathers every node's flight records (this node's alone with
+// one node), logs the analysis and the stacks of this node's laggards,
+// and returns it; once: later calls return the first one's.
+func (h *hangCheck) analyse() (lines []string, laggards []int) {
+	h.analysed.Lock()
+	defer h.analysed.Unlock()
+	if h.madeLines {
+		return h.lines, h.laggards
+	}
+	all, missing := h.share.gather(h.ctx, h.flights(), hangGatherWait)
+	lines, laggards = analyzeHang(all, h.watch.now())
+	if len(missing) > 0 {
+		lines = append(lines, fmt.Sprintf("node(s) %v sent no flight records within %s: the analysis lacks their ranks", missing, hangGatherWait))
+	}
+	for _, l := range lines {
+		h.log.Error().Msg("hang analysis: " + l)
+	}
+	h.logLaggardStacks(laggards)
+	h.lines, h.laggards, h.madeLines = lines, laggards, true
+	return lines, laggards
 }
 
 // rankReader reads a worker's progress file.
@@ -175,7 +209,7 @@ func b2i(b bool) int {
 }
 
 // startHangCheck watches att's progress files when --hang-timeout is on.
-func (a *Agent) startHangCheck(att *attempt) *hangCheck {
+func (a *Agent) startHangCheck(ctx context.Context, att *attempt) *hangCheck {
 	if a.spec.HangTimeout <= 0 || len(att.progress) == 0 {
 		return nil
 	}
@@ -186,6 +220,8 @@ func (a *Agent) startHangCheck(att *attempt) *hangCheck {
 		dumpSig: syscall.SIGQUIT,
 		pids:    att.group.Pids(),
 		flight:  make(map[int]rankReader),
+		stacks:  make(map[int]string),
+		ctx:     ctx,
 	}
 	if a.spec.Python {
 		h.dumpSig = syscall.SIGABRT
@@ -199,6 +235,17 @@ func (a *Agent) startHangCheck(att *attempt) *hangCheck {
 		h.files = append(h.files, f)
 		h.flight[p.localRank] = rankReader{rank: p.rank, f: f}
 		h.watch.add(p.localRank, p.rank, func() (uint64, error) { return readCounter(f) })
+		if sock := att.stacks[p.localRank]; sock != "" {
+			h.stacks[p.rank] = sock
+		}
+	}
+	if r := att.round; r != nil && r.store != nil && r.ranks.GroupWorldSize > 1 {
+		h.share = &flightShare{
+			store: r.store, restart: r.restarts, node: r.ranks.GroupRank, nodes: r.ranks.GroupWorldSize,
+			read: h.flights, log: a.log, period: hangCheckPeriod(a.spec.HangTimeout),
+			onAnswer: func() { h.analyse() },
+		}
+		h.share.start(ctx)
 	}
 	return h
 }
@@ -256,10 +303,7 @@ func (h *hangCheck) check() {
 	h.pending = len(stuck)
 	h.log.Error().Str("event", eventHang).Ints("ranks", ranks).Str("idle", roundIdle(stuck[0].idle).String()).
 		Str("signal", signalName(h.dumpSig)).Msg("worker group hung: no collective progress; dumping the stuck workers' stacks")
-	lines, laggards := analyzeHang(h.flights(), h.watch.now())
-	for _, l := range lines {
-		h.log.Error().Msg("hang analysis: " + l)
-	}
+	lines, laggards := h.analyse()
 	h.analysis = strings.Join(lines, "\n")
 	// The laggards dump first, so that the stacks of the ranks that hold
 	// the others up lead.
@@ -312,6 +356,7 @@ func (h *hangCheck) stop() {
 		return
 	}
 	h.ticker.Stop()
+	h.share.close()
 	for _, f := range h.files {
 		f.Close()
 	}
@@ -334,4 +379,24 @@ func joinLines(a, b string) string {
 		return a
 	}
 	return a + "\n" + b
+}
+
+// logLaggardStacks logs the stacks of the laggards of this node that
+// answer for them (Go workers), each whole in one message, before the
+// stuck workers' dumps interleave on stderr.
+func (h *hangCheck) logLaggardStacks(laggards []int) {
+	for _, rank := range laggards {
+		sock, ok := h.stacks[rank]
+		if !ok {
+			continue
+		}
+		ctx, cancel := context.WithTimeout(h.ctx, hangDumpWait)
+		stacks, err := askStacks(ctx, sock)
+		cancel()
+		if err != nil {
+			h.log.Warn().Err(err).Int("rank", rank).Msg("asking a laggard for its stacks")
+			continue
+		}
+		h.log.Error().Msgf("stacks of rank %d, which holds the others up:\n%s", rank, strings.TrimRight(stacks, "\n"))
+	}
 }

@@ -133,6 +133,7 @@ type slotState struct {
 	started              time.Time
 	lastOutput           *atomic.Int64 // unix nanoseconds, 0 = none
 	exit                 *launcher.Exit
+	stacks               string // the worker's stacks socket; "": none
 }
 
 // workerRows computes the published rows: state from the exits, CPU%
@@ -187,6 +188,9 @@ type statusBoard struct {
 	slots      []slotState
 	last       []byte // this node's last document
 	wake       chan struct{}
+	// stacksDir is the status folder once its socket listens, where the
+	// workers' stacks sockets go; "": none. Set before the first attempt.
+	stacksDir string
 }
 
 func newStatusBoard(spec *Spec, log zerolog.Logger, now func() time.Time, m *Metrics) *statusBoard {
@@ -212,7 +216,7 @@ func (b *statusBoard) started(att *attempt, stamps []*atomic.Int64) {
 	b.restarting = false
 	b.slots = make([]slotState, len(pids))
 	for slot, pid := range pids {
-		b.slots[slot] = slotState{rank: att.baseRank + slot, localRank: att.firstLocalRank + slot, pid: pid, started: now, lastOutput: stamps[slot]}
+		b.slots[slot] = slotState{rank: att.baseRank + slot, localRank: att.firstLocalRank + slot, pid: pid, started: now, lastOutput: stamps[slot], stacks: att.stacks[slot]}
 	}
 	b.mu.Unlock()
 	b.poke()
@@ -327,6 +331,7 @@ func (b *statusBoard) serve(ctx context.Context, l net.Listener) {
 		w.Header().Set("Content-Type", "application/json")
 		json.NewEncoder(w).Encode(docs)
 	})
+	mux.HandleFunc("GET /stacks/{rank}", b.serveStacks)
 	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
 	go func() {
 		<-ctx.Done()
@@ -394,6 +399,7 @@ func (a *Agent) startStatus(ctx context.Context) (stop func()) {
 		if l, closeSocket, err := listenStatus(a.opts.StatusDir); err != nil {
 			a.log.Warn().Err(err).Msg("gorun status will not see this node")
 		} else {
+			a.board.stacksDir = a.opts.StatusDir
 			wg.Go(func() {
 				defer closeSocket()
 				a.board.serve(ctx, l)

@@ -110,6 +110,8 @@ func withConnector(connect connector) Option { return func(c *config) { c.connec
 //     otherwise rank 0 hosts a store on MASTER_PORT, on every interface.
 //   - GORUN_PROGRESS_FILE when set (gorun --hang-timeout): the counter of
 //     completed operations the launcher watches (see ProgressFileEnv).
+//   - GORUN_STACKS_SOCKET when set: where the launcher asks for the
+//     worker's stacks (see StacksSocketEnv).
 //   - GORUN_BACKEND, unless WithBackend chooses the backend; with NCCL,
 //     CUDA_VISIBLE_DEVICES, and GORUN_CUDA_LIBRARY and GORUN_NCCL_LIBRARY
 //     to name the libraries' files (see package cuda).
@@ -141,6 +143,7 @@ func Init(ctx context.Context, opts ...Option) (*ProcessGroup, error) {
 
 	var release cleanups // what the world's Close releases, or a failure now
 	progress := cfg.openProgress(log, &release)
+	cfg.serveStacks(log, &release)
 	store, err := cfg.openStore(ctx, env, log, &release)
 	if err != nil {
 		release.run()

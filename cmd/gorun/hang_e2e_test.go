@@ -1,8 +1,10 @@
 package main
 
 import (
+	"os"
 	"strings"
 	"testing"
+	"time"
 )
 
 // A rank that stops calling collectives hangs the group: gorun finds it,
@@ -82,5 +84,61 @@ func TestHangAnalysisNamesTheLaggard(t *testing.T) {
 		if !strings.Contains(j.stderr, want) {
 			t.Errorf("stderr lacks %q:\n%s", want, j)
 		}
+	}
+}
+
+// Issue 23: a 2-node c10d job where rank 3 stops calling all_reduce: the
+// agents share their flight records through the round's store, so the
+// node without rank 3 names it and where it fell behind, and the node
+// with rank 3 logs its stacks, asked of its runtime and whole, before the
+// stuck workers' SIGQUIT dumps.
+func TestHangAnalysisAcrossNodes(t *testing.T) {
+	args := elasticJob(t, "2", "--hang-timeout", "5s")
+	var agents []*agent
+	for range 2 {
+		agents = append(agents, startCommandEnv(t, os.Environ(), bin("gorun"),
+			append(args[:len(args):len(args)], bin("hang"), "-hang-after", "5", "-hang-rank", "3")...))
+	}
+	logs := func() string { return agents[0].out.String() + "\n---\n" + agents[1].out.String() }
+	for i, a := range agents {
+		if code := a.wait(t, 90*time.Second); code == 0 {
+			t.Fatalf("agent %d of a hung job succeeded:\n%s", i, logs())
+		}
+	}
+	var with, without string // the outputs of the node with rank 3 and of the other
+	for _, a := range agents {
+		if out := a.out.String(); strings.Contains(out, "[rank3]:") {
+			with = out
+		} else {
+			without = out
+		}
+	}
+	if with == "" || without == "" {
+		t.Fatalf("rank 3 is not on exactly one node:\n%s", logs())
+	}
+	for _, out := range []string{without, with} {
+		for _, want := range []string{
+			"hang analysis: ranks 0-2 are in all_reduce #6 (float64 x 1) since ",
+			", waiting for rank 3",
+			"hang analysis: rank 3 completed all_reduce #5 (float64 x 1) and is in no operation since ",
+		} {
+			if !strings.Contains(out, want) {
+				t.Errorf("an agent's output lacks %q:\n%s", want, logs())
+			}
+		}
+	}
+	if strings.Contains(without, "stacks of rank 3") {
+		t.Errorf("the node without rank 3 logs its stacks:\n%s", without)
+	}
+	// Rank 3's stacks, asked of its runtime: one block, down to where it
+	// sleeps, before any stuck worker's SIGQUIT dump on its node.
+	asked := strings.Index(with, "stacks of rank 3, which holds the others up:")
+	dump := strings.Index(with, "]: SIGQUIT: quit")
+	if asked < 0 || dump < 0 || asked > dump {
+		t.Fatalf("rank 3's stacks are not logged before the dumps (at %d, first dump at %d):\n%s", asked, dump, with)
+	}
+	block := with[asked:dump]
+	if !strings.Contains(block, "time.Sleep") || !strings.Contains(block, "main.run()") || strings.Count(block, "main.main()") != 1 {
+		t.Errorf("rank 3's asked stacks are not whole, down to its sleep:\n%s", block)
 	}
 }

@@ -67,7 +67,7 @@ func statusCommand(stdout io.Writer) *cli.Command {
 			&cli.StringFlag{Name: "rdzv-conf", Usage: "the job's --rdzv-conf: its token_file is the store's secret (else $" + rdzvTokenEnv + ")"},
 			&cli.BoolFlag{Name: "json", Usage: "print the nodes' documents as JSON"},
 			&cli.BoolFlag{Name: "watch", Usage: "redraw every second until the job ends or Ctrl-C"},
-			&cli.BoolFlag{Name: "stacks", Usage: "print every local worker's stacks (Python through py-spy), stopping none"},
+			&cli.BoolFlag{Name: "stacks", Usage: "print every local worker's stacks (Go workers through their runtime, Python through py-spy), stopping none"},
 		},
 		Action: func(c *cli.Context) error {
 			ctx, stop := signal.NotifyContext(c.Context, os.Interrupt, syscall.SIGTERM)
@@ -78,7 +78,7 @@ func statusCommand(stdout io.Writer) *cli.Command {
 			}
 			defer closeSource()
 			if !c.Bool("watch") {
-				docs, local, err := read(ctx)
+				docs, local, socks, err := read(ctx)
 				if err != nil {
 					return err
 				}
@@ -88,14 +88,14 @@ func statusCommand(stdout io.Writer) *cli.Command {
 					enc.SetIndent("", "  ")
 					return enc.Encode(docs)
 				case c.Bool("stacks"):
-					return printStacks(ctx, stdout, local, exec.LookPath)
+					return printStacks(ctx, stdout, local, socks, exec.LookPath)
 				}
 				return writeStatusTable(stdout, docs, time.Now())
 			}
 			t := time.NewTicker(time.Second)
 			defer t.Stop()
 			for {
-				docs, _, err := read(ctx)
+				docs, _, _, err := read(ctx)
 				if err != nil {
 					fmt.Fprintln(stdout, "the job has ended")
 					return nil
@@ -118,33 +118,39 @@ var errNoAgent = errors.New("no running gorun agent on this node")
 
 // readStatus asks every agent socket in dir for its job's documents;
 // local are the answering agents' own nodes (the last document of each
-// reply), whose workers run here.
-func readStatus(ctx context.Context, dir, runID string) (docs, local []elastic.NodeStatus, err error) {
-	socks, _ := filepath.Glob(filepath.Join(dir, "*.sock"))
-	for _, sock := range socks {
+// reply), whose workers run here, and socks their agents' sockets.
+func readStatus(ctx context.Context, dir, runID string) (docs, local []elastic.NodeStatus, socks []string, err error) {
+	all, _ := filepath.Glob(filepath.Join(dir, "*.sock"))
+	for _, sock := range all {
 		got, err := askAgent(ctx, sock)
 		if err != nil || len(got) == 0 || (runID != "" && got[0].RunID != runID) {
 			continue
 		}
 		docs = append(docs, got...)
 		local = append(local, got[len(got)-1])
+		socks = append(socks, sock)
 	}
 	docs = latestPerNode(docs)
 	if len(docs) == 0 {
-		return nil, nil, fmt.Errorf("status: %w (looked in %s)", errNoAgent, dir)
+		return nil, nil, nil, fmt.Errorf("status: %w (looked in %s)", errNoAgent, dir)
 	}
-	return docs, local, nil
+	return docs, local, socks, nil
 }
 
-func askAgent(ctx context.Context, sock string) ([]elastic.NodeStatus, error) {
-	ctx, cancel := context.WithTimeout(ctx, 3*time.Second)
-	defer cancel()
-	client := &http.Client{Transport: &http.Transport{
+// agentClient talks HTTP to the agent whose socket is sock.
+func agentClient(sock string) *http.Client {
+	return &http.Client{Transport: &http.Transport{
 		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
 			var d net.Dialer
 			return d.DialContext(ctx, "unix", sock)
 		},
 	}}
+}
+
+func askAgent(ctx context.Context, sock string) ([]elastic.NodeStatus, error) {
+	ctx, cancel := context.WithTimeout(ctx, 3*time.Second)
+	defer cancel()
+	client := agentClient(sock)
 	req, err := http.NewRequestWithContext(ctx, "GET", "http://agent/status", nil)
 	if err != nil {
 		return nil, err
@@ -226,10 +232,12 @@ func formatBytes(n int64) string {
 }
 
 // printStacks prints the stacks of the workers that run on this node,
-// stopping none: Python ones through py-spy dump.
-func printStacks(ctx context.Context, w io.Writer, local []elastic.NodeStatus, lookPath func(string) (string, error)) error {
+// stopping none: Python ones through py-spy dump, the others by asking
+// their agent (local[i]'s socket is socks[i]), which asks the worker's Go
+// runtime.
+func printStacks(ctx context.Context, w io.Writer, local []elastic.NodeStatus, socks []string, lookPath func(string) (string, error)) error {
 	pyspy, _ := lookPath("py-spy")
-	for _, d := range local {
+	for i, d := range local {
 		for _, r := range d.Workers {
 			if r.State != elastic.StateRunning {
 				continue
@@ -240,7 +248,16 @@ func printStacks(ctx context.Context, w io.Writer, local []elastic.NodeStatus, l
 			case err != nil:
 				fmt.Fprintln(w, "not running on this node")
 			case !strings.Contains(filepath.Base(exe), "python"):
-				fmt.Fprintln(w, "not a Python worker: stacks of other workers are not available yet")
+				if i >= len(socks) {
+					fmt.Fprintln(w, "not a Python worker, and no agent to ask for its stacks")
+					continue
+				}
+				stacks, err := askAgentStacks(ctx, socks[i], r.Rank)
+				if err != nil {
+					fmt.Fprintln(w, err)
+					continue
+				}
+				io.WriteString(w, stacks)
 			case pyspy == "":
 				fmt.Fprintln(w, "py-spy is not on PATH: pip install py-spy")
 			default:
@@ -253,4 +270,28 @@ func printStacks(ctx context.Context, w io.Writer, local []elastic.NodeStatus, l
 		}
 	}
 	return nil
+}
+
+// askAgentStacks asks the agent whose socket is sock for the stacks of
+// its worker of rank.
+func askAgentStacks(ctx context.Context, sock string, rank int) (string, error) {
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, "GET", "http://agent/stacks/"+strconv.Itoa(rank), nil)
+	if err != nil {
+		return "", err
+	}
+	resp, err := agentClient(sock).Do(req)
+	if err != nil {
+		return "", fmt.Errorf("status: stacks of rank %d: %w", rank, err)
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return "", fmt.Errorf("status: stacks of rank %d: %w", rank, err)
+	}
+	if resp.StatusCode != http.StatusOK {
+		return "", fmt.Errorf("status: stacks of rank %d: %s", rank, strings.TrimSpace(string(b)))
+	}
+	return string(b), nil
 }

@@ -10,6 +10,7 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -161,5 +162,69 @@ done
 	}
 	if j := gorun(t, []string{"TMPDIR=" + tmps[0]}, "status"); j.code == 0 || !strings.Contains(j.stderr, "no running gorun agent") {
 		t.Errorf("gorun status after the job: want an error naming no agent:\n%s", j)
+	}
+}
+
+// stacksByRank splits the output of gorun status --stacks into each
+// rank's part.
+func stacksByRank(out string) map[int]string {
+	parts := map[int]string{}
+	for _, part := range strings.Split(out, "=== rank ")[1:] {
+		var rank int
+		if _, err := fmt.Sscanf(part, "%d", &rank); err == nil {
+			parts[rank] = part
+		}
+	}
+	return parts
+}
+
+// Issue 23: `gorun status --stacks` during a Go job prints each Go
+// worker's goroutine stacks, whole, asked of its runtime, and the workers
+// keep running: rank 1 sleeps while rank 0 waits in all_reduce for it.
+func TestStatusStacksOfGoWorkers(t *testing.T) {
+	tmp := t.TempDir()
+	env := append(os.Environ(), "TMPDIR="+tmp)
+	a := startCommandEnv(t, env, bin("gorun"), "--nproc-per-node", "2", bin("hang"), "-hang-after", "2", "-hang-rank", "1", "-steps", "10")
+	defer func() {
+		a.cmd.Process.Signal(syscall.SIGTERM)
+		a.wait(t, 30*time.Second)
+	}()
+	var docs []elastic.NodeStatus
+	var last job
+	if !waitFor(60*time.Second, func() bool {
+		docs, last = statusOf(t, tmp)
+		return allRunning(docs, 2, 0)
+	}) {
+		t.Fatalf("gorun status never listed 2 running ranks:\n%s\n%s", last, a.out.String())
+	}
+	var stacks map[int]string
+	if !waitFor(30*time.Second, func() bool {
+		last = gorun(t, []string{"TMPDIR=" + tmp}, "status", "--stacks")
+		stacks = stacksByRank(last.stdout)
+		return last.code == 0 && strings.Contains(stacks[1], "time.Sleep") &&
+			strings.Contains(stacks[0], "runtime.(*ProcessGroup).AllReduce")
+	}) {
+		t.Fatalf("gorun status --stacks never showed rank 1 asleep and rank 0 in all_reduce:\n%s\n%s", last, a.out.String())
+	}
+	for rank, s := range stacks {
+		// Every goroutine, as a panic prints them, and each rank's whole.
+		if !strings.Contains(s, "goroutine 1 [") || !strings.Contains(s, "main.main()") || strings.Count(s, "main.main()") != 1 {
+			t.Errorf("rank %d's stacks are not its goroutines, whole:\n%s", rank, s)
+		}
+	}
+	// Asking stopped nobody: the same workers still run, and answer again.
+	for _, d := range docs {
+		for _, w := range d.Workers {
+			if !alive(w.Pid) {
+				t.Errorf("rank %d (pid %d) died after gorun status --stacks:\n%s", w.Rank, w.Pid, a.out.String())
+			}
+		}
+	}
+	after, _ := statusOf(t, tmp)
+	if !allRunning(after, 2, 0) {
+		t.Errorf("the workers do not all run after gorun status --stacks: %+v", after)
+	}
+	if again := gorun(t, []string{"TMPDIR=" + tmp}, "status", "--stacks"); !strings.Contains(stacksByRank(again.stdout)[1], "time.Sleep") {
+		t.Errorf("a second gorun status --stacks lacks rank 1's stacks:\n%s", again)
 	}
 }

@@ -13,9 +13,10 @@ import (
 	"github.com/gorun/gorun/rendezvous"
 )
 
-// statusSource reads the documents gorun status shows, and which of them
-// are of this node's agents (whose workers --stacks can reach).
-type statusSource func(ctx context.Context) (docs, local []elastic.NodeStatus, err error)
+// statusSource reads the documents gorun status shows, which of them are
+// of this node's agents (whose workers --stacks can reach), and those
+// agents' sockets.
+type statusSource func(ctx context.Context) (docs, local []elastic.NodeStatus, socks []string, err error)
 
 // statusTokenFile takes token_file from a --rdzv-conf list: the only key
 // gorun status uses; it ignores the others, so that a job's own list may
@@ -66,15 +67,15 @@ func remoteStatus(ctx context.Context, endpoint, runID, conf string, lookupEnv f
 	if err != nil {
 		return nil, nil, fmt.Errorf("status: %w", err)
 	}
-	read := func(ctx context.Context) ([]elastic.NodeStatus, []elastic.NodeStatus, error) {
+	read := func(ctx context.Context) ([]elastic.NodeStatus, []elastic.NodeStatus, []string, error) {
 		docs, err := elastic.RemoteStatus(ctx, client, runID)
 		if err != nil {
-			return nil, nil, fmt.Errorf("status: %s: %w", endpoint, err)
+			return nil, nil, nil, fmt.Errorf("status: %s: %w", endpoint, err)
 		}
 		if len(docs) == 0 {
-			return nil, nil, fmt.Errorf("status: no node of run %q has published its status at %s", runID, endpoint)
+			return nil, nil, nil, fmt.Errorf("status: no node of run %q has published its status at %s", runID, endpoint)
 		}
-		return docs, nil, nil
+		return docs, nil, nil, nil
 	}
 	return read, func() { client.Close() }, nil
 }
@@ -90,7 +91,7 @@ func statusSourceOf(c *cli.Context, lookupEnv func(string) (string, bool)) (stat
 		return remoteStatus(c.Context, ep, id, c.String("rdzv-conf"), lookupEnv)
 	}
 	dir := statusDir()
-	return func(ctx context.Context) ([]elastic.NodeStatus, []elastic.NodeStatus, error) {
+	return func(ctx context.Context) ([]elastic.NodeStatus, []elastic.NodeStatus, []string, error) {
 		return readStatus(ctx, dir, id)
 	}, func() {}, nil
 }

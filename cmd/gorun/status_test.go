@@ -92,10 +92,10 @@ func TestPrintStacksWithoutPySpy(t *testing.T) {
 	}}}
 	var b bytes.Buffer
 	noPySpy := func(string) (string, error) { return "", errors.New("not found") }
-	if err := printStacks(t.Context(), &b, local, noPySpy); err != nil {
+	if err := printStacks(t.Context(), &b, local, nil, noPySpy); err != nil {
 		t.Fatal(err)
 	}
-	want := []string{"=== rank 0", "pip install py-spy", "=== rank 1", "not available yet", "=== rank 2", "not running on this node"}
+	want := []string{"=== rank 0", "pip install py-spy", "=== rank 1", "no agent to ask for its stacks", "=== rank 2", "not running on this node"}
 	for _, w := range want {
 		if !strings.Contains(b.String(), w) {
 			t.Errorf("stacks lack %q:\n%s", w, b.String())
