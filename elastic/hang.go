@@ -343,6 +343,9 @@ func (h *hangCheck) failure(slot int, f Failure) Failure {
 	if f.Error != nil {
 		info.Traceback = joinLines(h.analysis, joinLines(f.Error.Message, f.Error.Traceback))
 	}
+	// The ranks that waited for the laggards are not the hang's cause:
+	// the report puts a laggard first.
+	info.Collateral = len(h.laggards) > 0 && !slices.Contains(h.laggards, f.Rank)
 	f.Error = info
 	if f.ExitCode == 0 {
 		f.ExitCode = 1

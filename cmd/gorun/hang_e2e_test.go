@@ -2,6 +2,7 @@ package main
 
 import (
 	"os"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -80,10 +81,15 @@ func TestHangAnalysisNamesTheLaggard(t *testing.T) {
 		"hang analysis: rank 3 completed all_reduce #5 (float64 x 1) and is in no operation since ",
 		"\n              ranks 0-2 are in all_reduce #6", // the report keeps it
 		"[rank3]: time.Sleep", // rank 3's stack, down to where it sleeps
+		// The laggard is the root cause, not a rank that waited for it.
+		"Root Cause (first observed failure):\n[0]:\n  time      : ",
 	} {
 		if !strings.Contains(j.stderr, want) {
 			t.Errorf("stderr lacks %q:\n%s", want, j)
 		}
+	}
+	if root := regexp.MustCompile(`Root Cause \(first observed failure\):\n\[0\]:\n.*\n.*\n  rank      : (\d+)`).FindStringSubmatch(j.stderr); root == nil || root[1] != "3" {
+		t.Errorf("the root cause is not rank 3, the laggard: %v\n%s", root, j)
 	}
 }
 
