@@ -61,6 +61,23 @@ type WorkerStatus struct {
 	// Idle is the seconds since the worker's last output, or since it
 	// started when it wrote none.
 	Idle float64 `json:"idle_seconds"`
+	// Collective is, for a Go runtime worker under --hang-timeout (its
+	// flight recorder), the operation it is in or last completed:
+	// "in all_reduce #6 (float32 x 1048576) for 2.1s".
+	Collective string `json:"collective,omitempty"`
+}
+
+// collectiveOf tells where a rank stands from its flight record at now:
+// in its last operation, or past it; "" when nothing was recorded.
+func collectiveOf(ops []flightOp, now time.Time) string {
+	if len(ops) == 0 {
+		return ""
+	}
+	last := ops[len(ops)-1]
+	if last.state == flightRunning {
+		return "in " + last.describe() + " for " + roundIdle(now.Sub(last.start)).String()
+	}
+	return "done " + last.describe()
 }
 
 // procSample is what /proc says of a process at one moment.
@@ -134,15 +151,18 @@ type slotState struct {
 	lastOutput           *atomic.Int64 // unix nanoseconds, 0 = none
 	exit                 *launcher.Exit
 	stacks               string // the worker's stacks socket; "": none
+	progress             string // its progress file (--hang-timeout); "": none
 }
 
 // workerRows computes the published rows: state from the exits, CPU%
 // from the difference of two samples, idle time from the last output.
 // restarting says the group is stopped between attempts.
-func workerRows(slots []slotState, restarts int, restarting bool, cur, prev map[int]procSample, pageSize int64, now time.Time) []WorkerStatus {
+// flights holds the live workers' flight records, by pid.
+func workerRows(slots []slotState, restarts int, restarting bool, cur, prev map[int]procSample, flights map[int][]flightOp, pageSize int64, now time.Time) []WorkerStatus {
 	rows := make([]WorkerStatus, 0, len(slots))
 	for _, s := range slots {
-		w := WorkerStatus{Rank: s.rank, LocalRank: s.localRank, Pid: s.pid, Restarts: restarts, State: StateRunning}
+		w := WorkerStatus{Rank: s.rank, LocalRank: s.localRank, Pid: s.pid, Restarts: restarts, State: StateRunning,
+			Collective: collectiveOf(flights[s.pid], now)}
 		last := s.started
 		if s.lastOutput != nil {
 			if ns := s.lastOutput.Load(); ns != 0 {
@@ -217,6 +237,9 @@ func (b *statusBoard) started(att *attempt, stamps []*atomic.Int64) {
 	b.slots = make([]slotState, len(pids))
 	for slot, pid := range pids {
 		b.slots[slot] = slotState{rank: att.baseRank + slot, localRank: att.firstLocalRank + slot, pid: pid, started: now, lastOutput: stamps[slot], stacks: att.stacks[slot]}
+		if slot < len(att.progress) {
+			b.slots[slot].progress = att.progress[slot].path
+		}
 	}
 	b.mu.Unlock()
 	b.poke()
@@ -263,15 +286,22 @@ func (b *statusBoard) run(ctx context.Context) {
 		b.mu.Unlock()
 		now := b.now()
 		cur := make(map[int]procSample, len(slots))
+		flights := map[int][]flightOp{}
 		for _, s := range slots {
 			if s.exit == nil {
 				if p, ok := sampleProc(s.pid, now); ok {
 					cur[s.pid] = p
 				}
+				if s.progress != "" {
+					// 5 KiB, in the page cache: the runtime writes it in place.
+					if b, err := os.ReadFile(s.progress); err == nil {
+						flights[s.pid] = decodeFlight(b)
+					}
+				}
 			}
 		}
 		doc.Time = now
-		doc.Workers = workerRows(slots, doc.Restarts, restarting, cur, prev, pageSize, now)
+		doc.Workers = workerRows(slots, doc.Restarts, restarting, cur, prev, flights, pageSize, now)
 		prev = cur
 		b.metrics.observe(doc)
 		if v, err := json.Marshal(doc); err == nil {

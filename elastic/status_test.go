@@ -64,7 +64,7 @@ func TestWorkerRows(t *testing.T) {
 			{Rank: 6, LocalRank: 2, Pid: 102, State: StateRunning, Restarts: 2, Idle: 10},
 		}},
 	} {
-		got := workerRows(slots, 2, tc.restarting, cur, prev, 4096, now)
+		got := workerRows(slots, 2, tc.restarting, cur, prev, nil, 4096, now)
 		if len(got) != len(tc.want) {
 			t.Fatalf("%s: %d rows, want %d", tc.name, len(got), len(tc.want))
 		}
@@ -80,6 +80,24 @@ func TestWorkerRows(t *testing.T) {
 		}
 		if c := workerCounts(got); c[StateRunning] != 2 || c[StateExited]+c[StateRestarting] != 1 {
 			t.Errorf("%s: workerCounts = %v", tc.name, c)
+		}
+	}
+}
+
+func TestCollectiveOf(t *testing.T) {
+	now := time.Unix(1000, 0)
+	for _, tc := range []struct {
+		ops  []flightOp
+		want string
+	}{
+		{nil, ""},
+		{[]flightOp{{seq: 6, op: "all_reduce", dtype: "float32", count: 1 << 20, peer: -1, state: flightRunning, start: now.Add(-2100 * time.Millisecond)}},
+			"in all_reduce #6 (float32 x 1048576) for 2.1s"},
+		{[]flightOp{{seq: 1, op: "barrier", peer: -1, state: flightDone}, {seq: 2, op: "recv", dtype: "int32", count: 2, peer: 5, state: flightDone}},
+			"done recv #2 (src=5, int32 x 2)"},
+	} {
+		if got := collectiveOf(tc.ops, now); got != tc.want {
+			t.Errorf("collectiveOf(%v) = %q, want %q", tc.ops, got, tc.want)
 		}
 	}
 }

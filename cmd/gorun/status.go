@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -198,7 +199,15 @@ func latestPerNode(docs []elastic.NodeStatus) []elastic.NodeStatus {
 // writeStatusTable prints one row per worker of every node.
 func writeStatusTable(w io.Writer, docs []elastic.NodeStatus, now time.Time) error {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "RUN\tHOST\tNODE\tRANK\tLOCAL\tPID\tSTATE\tRESTARTS\tCPU%\tRSS\tIDLE\tAGE")
+	// Go workers under --hang-timeout say which collective they are in.
+	collectives := slices.ContainsFunc(docs, func(d elastic.NodeStatus) bool {
+		return slices.ContainsFunc(d.Workers, func(r elastic.WorkerStatus) bool { return r.Collective != "" })
+	})
+	header := "RUN\tHOST\tNODE\tRANK\tLOCAL\tPID\tSTATE\tRESTARTS\tCPU%\tRSS\tIDLE\tAGE"
+	if collectives {
+		header += "\tCOLLECTIVE"
+	}
+	fmt.Fprintln(tw, header)
 	for _, d := range docs {
 		rows := slices.Clone(d.Workers)
 		slices.SortFunc(rows, func(a, b elastic.WorkerStatus) int { return a.Rank - b.Rank })
@@ -207,9 +216,13 @@ func writeStatusTable(w io.Writer, docs []elastic.NodeStatus, now time.Time) err
 			if r.Exit != "" {
 				state += " (" + r.Exit + ")"
 			}
-			fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%d\t%d\t%s\t%d\t%.0f\t%s\t%.0fs\t%.0fs\n",
+			fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%d\t%d\t%s\t%d\t%.0f\t%s\t%.0fs\t%.0fs",
 				d.RunID, d.Host, d.NodeRank, r.Rank, r.LocalRank, r.Pid, state, r.Restarts, r.CPU,
 				formatBytes(r.RSS), r.Idle, max(0, now.Sub(d.Time).Seconds()))
+			if collectives {
+				fmt.Fprintf(tw, "\t%s", cmp.Or(r.Collective, "-"))
+			}
+			fmt.Fprintln(tw)
 		}
 	}
 	return tw.Flush()

@@ -228,3 +228,35 @@ func TestStatusStacksOfGoWorkers(t *testing.T) {
 		t.Errorf("a second gorun status --stacks lacks rank 1's stacks:\n%s", again)
 	}
 }
+
+// With --hang-timeout, Go workers' flight recorders tell gorun status
+// which collective each rank is in: rank 0 waits in the all_reduce that
+// rank 1, asleep, has not reached.
+func TestStatusShowsTheCollective(t *testing.T) {
+	tmp := t.TempDir()
+	env := append(os.Environ(), "TMPDIR="+tmp)
+	a := startCommandEnv(t, env, bin("gorun"), "--nproc-per-node", "2", "--hang-timeout", "10m",
+		bin("hang"), "-hang-after", "2", "-hang-rank", "1", "-steps", "10")
+	defer func() {
+		a.cmd.Process.Signal(syscall.SIGTERM)
+		a.wait(t, 30*time.Second)
+	}()
+	var last job
+	if !waitFor(60*time.Second, func() bool {
+		docs, j := statusOf(t, tmp)
+		last = j
+		var in, done bool
+		for _, d := range docs {
+			for _, w := range d.Workers {
+				in = in || w.Rank == 0 && strings.HasPrefix(w.Collective, "in all_reduce #3 (float64 x 1) for ")
+				done = done || w.Rank == 1 && w.Collective == "done all_reduce #2 (float64 x 1)"
+			}
+		}
+		return in && done
+	}) {
+		t.Fatalf("gorun status never showed rank 0 in all_reduce #3 and rank 1 done with #2:\n%s\n%s", last, a.out.String())
+	}
+	if j := gorun(t, []string{"TMPDIR=" + tmp}, "status"); !strings.Contains(j.stdout, "COLLECTIVE") || !strings.Contains(j.stdout, "in all_reduce #3") {
+		t.Errorf("the table lacks the collective column:\n%s", j)
+	}
+}
