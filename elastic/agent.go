@@ -539,6 +539,9 @@ func (a *Agent) watch(ctx context.Context, att *attempt, changed <-chan struct{}
 				stop(syscall.SIGTERM)
 			} else if e.Failed() && !hang.hung() && (!stopping || failedOnItsOwn(e, out)) {
 				out.failures = append(out.failures, att.failure(e, a.spec.Host))
+				if !stopping {
+					hang.explainFailure()
+				}
 				stop(syscall.SIGTERM)
 			}
 		case <-hang.tick():

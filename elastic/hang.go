@@ -159,6 +159,28 @@ type hangCheck struct {
 	lines     []string
 	laggards  []int
 	madeLines bool
+	// afterFailure: the analysis explains a worker's failure (a
+	// collective's timeout, an error), not a hang.
+	afterFailure bool
+	explaining   sync.WaitGroup // stop waits for it before closing the files
+}
+
+// explainFailure logs, once and without holding up the caller, where
+// every rank stood when a worker failed: a collective that timed out, or
+// a rank that died, leaves the others inside the operation it left.
+func (h *hangCheck) explainFailure() {
+	if h == nil || len(h.flight) == 0 {
+		return
+	}
+	h.analysed.Lock()
+	made := h.madeLines
+	if !made {
+		h.afterFailure = true
+	}
+	h.analysed.Unlock()
+	if !made {
+		h.explaining.Go(func() { h.analyse() })
+	}
 }
 
 // analyse gathers every node's flight records (this node's alone with
@@ -175,8 +197,12 @@ func (h *hangCheck) analyse() (lines []string, laggards []int) {
 	if len(missing) > 0 {
 		lines = append(lines, fmt.Sprintf("node(s) %v sent no flight records within %s: the analysis lacks their ranks", missing, hangGatherWait))
 	}
+	label := "hang analysis: "
+	if h.afterFailure {
+		label = "where the ranks stood at the failure: "
+	}
 	for _, l := range lines {
-		h.log.Error().Msg("hang analysis: " + l)
+		h.log.Error().Msg(label + l)
 	}
 	h.logLaggardStacks(laggards)
 	h.lines, h.laggards, h.madeLines = lines, laggards, true
@@ -359,6 +385,7 @@ func (h *hangCheck) stop() {
 		return
 	}
 	h.ticker.Stop()
+	h.explaining.Wait()
 	h.share.close()
 	for _, f := range h.files {
 		f.Close()

@@ -148,3 +148,18 @@ func TestHangAnalysisAcrossNodes(t *testing.T) {
 		t.Errorf("rank 3's asked stacks are not whole, down to its sleep:\n%s", block)
 	}
 }
+
+// Issue 23: a rank that dies (as one whose collective timed out would)
+// leaves the others inside the operation it left; with the flight
+// recorder on, gorun says where every rank stood at the failure.
+func TestFailureShowsWhereTheRanksStood(t *testing.T) {
+	j := gorun(t, nil, "--nproc-per-node", "4", "--hang-timeout", "10m", bin("hang"), "-hang-after", "5", "-hang-rank", "3", "-exit")
+	if j.code != 3 {
+		t.Fatalf("want rank 3's exit 3:\n%s", j)
+	}
+	stood := regexp.MustCompile(`where the ranks stood at the failure: ranks 0-2 (are in|failed) all_reduce #6 \(float64 x 1\)`)
+	if !stood.MatchString(j.stderr) ||
+		!strings.Contains(j.stderr, "where the ranks stood at the failure: rank 3 completed all_reduce #5 (float64 x 1) and is in no operation") {
+		t.Errorf("want where ranks 0-2 and rank 3 stood:\n%s", j)
+	}
+}

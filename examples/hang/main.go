@@ -34,6 +34,7 @@ func run() error {
 	hangAfter := flag.Int("hang-after", 5, "all_reduces before -hang-rank hangs (0: never)")
 	hangRank := flag.Int("hang-rank", 1, "the rank that hangs")
 	firstOnly := flag.Bool("first-only", false, "hang on the first attempt only")
+	exit := flag.Bool("exit", false, "-hang-rank exits 3 where it would hang")
 	flag.Parse()
 
 	ctx := context.Background()
@@ -47,6 +48,10 @@ func run() error {
 		(!*firstOnly || os.Getenv("TORCHELASTIC_RESTART_COUNT") == "0")
 	sum := []float64{0}
 	for step := 1; step <= *steps; step++ {
+		if hangs && step > *hangAfter && *exit {
+			fmt.Printf("rank %d: exiting after %d all_reduces\n", rank, *hangAfter)
+			os.Exit(3)
+		}
 		if hangs && step > *hangAfter {
 			fmt.Printf("rank %d: hanging after %d all_reduces\n", rank, *hangAfter)
 			time.Sleep(time.Hour)
