@@ -260,3 +260,29 @@ func TestStatusShowsTheCollective(t *testing.T) {
 		t.Errorf("the table lacks the collective column:\n%s", j)
 	}
 }
+
+// gorun status --watch redraws the table until the job ends, then says so
+// and exits 0.
+func TestStatusWatchEndsWithTheJob(t *testing.T) {
+	tmp := t.TempDir()
+	dir := t.TempDir()
+	release := filepath.Join(dir, "go")
+	w := script(t, dir, "w.sh", `while [ ! -e "`+release+`" ]; do sleep 0.05; done`+"\n")
+	a := startCommandEnv(t, append(os.Environ(), "TMPDIR="+tmp), bin("gorun"), "--nproc-per-node", "2", "--rdzv-id", "watched", w)
+	if !waitFor(30*time.Second, func() bool { docs, _ := statusOf(t, tmp); return allRunning(docs, 2, 0) }) {
+		t.Fatalf("the job never ran:\n%s", a.out.String())
+	}
+	watch := startCommandEnv(t, append(os.Environ(), "TMPDIR="+tmp), bin("gorun"), "status", "--watch")
+	if !waitFor(30*time.Second, func() bool { return strings.Count(watch.out.String(), "RUN ") >= 2 }) {
+		t.Fatalf("--watch did not redraw:\n%s", watch.out.String())
+	}
+	if err := os.WriteFile(release, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if code := a.wait(t, 30*time.Second); code != 0 {
+		t.Fatalf("job exited %d:\n%s", code, a.out.String())
+	}
+	if code := watch.wait(t, 30*time.Second); code != 0 || !strings.Contains(watch.out.String(), "the job has ended") {
+		t.Errorf("--watch: exit %d, want 0 after saying the job ended:\n%s", code, watch.out.String())
+	}
+}
