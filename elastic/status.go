@@ -370,28 +370,43 @@ func (b *statusBoard) serve(ctx context.Context, l net.Listener) {
 	srv.Serve(l)
 }
 
+const statusSocketName = "status.sock"
+
 // StatusSocket is the name of an agent's status socket in the status
-// folder: one per agent, named by its pid.
+// folder: in a folder of the agent's own, named by its pid, which also
+// holds its workers' stacks sockets and which its keeper removes if the
+// agent is killed.
 func StatusSocket(dir string, pid int) string {
-	return filepath.Join(dir, strconv.Itoa(pid)+".sock")
+	return filepath.Join(dir, strconv.Itoa(pid), statusSocketName)
 }
 
-// listenStatus opens the agent's socket in dir (made 0700 if missing).
-func listenStatus(dir string) (net.Listener, func(), error) {
+// StatusSockets lists the status sockets of the agents in dir.
+func StatusSockets(dir string) []string {
+	socks, _ := filepath.Glob(filepath.Join(dir, "*", statusSocketName))
+	return socks
+}
+
+// listenStatus opens the agent's socket below dir (made 0700 if
+// missing), and returns the agent's own folder there.
+func listenStatus(dir string) (l net.Listener, own string, closeSocket func(), err error) {
 	if err := os.MkdirAll(dir, 0o700); err != nil {
-		return nil, nil, fmt.Errorf("elastic: status folder: %w", err)
+		return nil, "", nil, fmt.Errorf("elastic: status folder: %w", err)
 	}
 	// A folder another user made first must not receive our socket.
 	if fi, err := os.Lstat(dir); err != nil || !fi.IsDir() || fi.Mode().Perm()&0o077 != 0 || !ownedByMe(fi) {
-		return nil, nil, fmt.Errorf("elastic: status folder %s is not a private folder of this user", dir)
+		return nil, "", nil, fmt.Errorf("elastic: status folder %s is not a private folder of this user", dir)
 	}
 	path := StatusSocket(dir, os.Getpid())
-	os.Remove(path) // left by an agent of this pid that died
-	l, err := net.Listen("unix", path)
-	if err != nil {
-		return nil, nil, fmt.Errorf("elastic: status socket: %w", err)
+	own = filepath.Dir(path)
+	os.RemoveAll(own) // left by an agent of this pid that died
+	if err := os.Mkdir(own, 0o700); err != nil {
+		return nil, "", nil, fmt.Errorf("elastic: status folder: %w", err)
 	}
-	return l, func() { l.Close(); os.Remove(path) }, nil
+	if l, err = net.Listen("unix", path); err != nil {
+		os.RemoveAll(own)
+		return nil, "", nil, fmt.Errorf("elastic: status socket: %w", err)
+	}
+	return l, own, func() { l.Close(); os.RemoveAll(own) }, nil
 }
 
 func ownedByMe(fi os.FileInfo) bool {
@@ -426,10 +441,15 @@ func (a *Agent) startStatus(ctx context.Context) (stop func()) {
 	if a.opts.StatusDir != "" {
 		// The job runs without gorun status rather than not at all (a
 		// socket path over 107 bytes, a folder of someone else's).
-		if l, closeSocket, err := listenStatus(a.opts.StatusDir); err != nil {
+		if l, own, closeSocket, err := listenStatus(a.opts.StatusDir); err != nil {
 			a.log.Warn().Err(err).Msg("gorun status will not see this node")
 		} else {
-			a.board.stacksDir = a.opts.StatusDir
+			// Killed, the agent leaves no socket behind: its keeper
+			// removes the folder.
+			if err := a.opts.Keeper.RemoveOnExit(own); err != nil {
+				a.log.Warn().Err(err).Msg("keeper lost")
+			}
+			a.board.stacksDir = own
 			wg.Go(func() {
 				defer closeSocket()
 				a.board.serve(ctx, l)

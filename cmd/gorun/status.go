@@ -121,7 +121,7 @@ var errNoAgent = errors.New("no running gorun agent on this node")
 // local are the answering agents' own nodes (the last document of each
 // reply), whose workers run here, and socks their agents' sockets.
 func readStatus(ctx context.Context, dir, runID string) (docs, local []elastic.NodeStatus, socks []string, err error) {
-	all, _ := filepath.Glob(filepath.Join(dir, "*.sock"))
+	all := elastic.StatusSockets(dir)
 	for _, sock := range all {
 		got, err := askAgent(ctx, sock)
 		if err != nil || len(got) == 0 || (runID != "" && got[0].RunID != runID) {
