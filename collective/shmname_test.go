@@ -47,6 +47,9 @@ func TestOpenSegmentRefusesLinks(t *testing.T) {
 	}
 	link := shmDir + "/" + name
 	if err := os.Symlink(target, link); err != nil {
+		if os.Getenv("CI") == "true" {
+			t.Fatalf("no %s to plant a link in: %v", shmDir, err)
+		}
 		t.Skipf("no %s to plant a link in: %v", shmDir, err)
 	}
 	defer os.Remove(link)

@@ -188,6 +188,9 @@ func TestAuthBadSecretsAreUsageErrors(t *testing.T) {
 func TestAuthOpenStoreIsWarnedAbout(t *testing.T) {
 	host, err := rendezvous.LocalAddrTowards("192.0.2.1", 9)
 	if err != nil || net.ParseIP(host).IsLoopback() {
+		if os.Getenv("CI") == "true" {
+			t.Fatalf("no address beyond loopback here (%v)", err)
+		}
 		t.Skipf("no address beyond loopback here (%v)", err)
 	}
 	endpoint := net.JoinHostPort(host, strconv.Itoa(freePort(t)))
