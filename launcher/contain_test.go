@@ -149,6 +149,19 @@ func contain(t *testing.T, mode ContainMode) *Containment {
 	return c
 }
 
+// containedKeeper is a Containment in mode and the keeper it starts,
+// both closed when the test ends.
+func containedKeeper(t *testing.T, mode ContainMode) (*Containment, *Keeper) {
+	t.Helper()
+	c := contain(t, mode)
+	keeper, err := c.StartKeeper(os.Args[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { keeper.Close() })
+	return c, keeper
+}
+
 // daemonsScript starts daemons that leave the worker's process group, by
 // `setsid -f`, by a double fork through setsid and, with bare, by `setsid
 // -f` with an emptied environment; waits for them; and prints
@@ -220,12 +233,7 @@ func assertContainedBy(t *testing.T, c *Containment, out string, pids []int) {
 func TestContainedGroupLeavesNothing(t *testing.T) {
 	for _, mode := range []ContainMode{ContainCgroup, ContainSubreaper} {
 		t.Run(string(mode)+"/exit", func(t *testing.T) {
-			c := contain(t, mode)
-			keeper, err := c.StartKeeper(os.Args[0])
-			if err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(func() { keeper.Close() })
+			c, keeper := containedKeeper(t, mode)
 			out := newWaitingWriter()
 			g, err := StartGroup([]WorkerSpec{
 				{LocalRank: 0, Argv: sh(daemonsScript(t.TempDir(), true) + "exit 0"), Stdout: out},
@@ -248,12 +256,7 @@ func TestContainedGroupLeavesNothing(t *testing.T) {
 			}
 		})
 		t.Run(string(mode)+"/stop", func(t *testing.T) {
-			c := contain(t, mode)
-			keeper, err := c.StartKeeper(os.Args[0])
-			if err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(func() { keeper.Close() })
+			c, keeper := containedKeeper(t, mode)
 			out := newWaitingWriter()
 			g, err := StartGroup([]WorkerSpec{
 				{Argv: sh(daemonsScript(t.TempDir(), true) + "exec sleep 300"), Stdout: out},
@@ -272,12 +275,7 @@ func TestContainedGroupLeavesNothing(t *testing.T) {
 // In subreaper mode, an adopted process that dies while its worker runs
 // is reaped at once: no zombie piles up.
 func TestSubreaperReapsAdoptedAsTheyDie(t *testing.T) {
-	c := contain(t, ContainSubreaper)
-	keeper, err := c.StartKeeper(os.Args[0])
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { keeper.Close() })
+	_, keeper := containedKeeper(t, ContainSubreaper)
 	out := newWaitingWriter()
 	release := filepath.Join(t.TempDir(), "release")
 	g, err := StartGroup([]WorkerSpec{{
@@ -411,12 +409,7 @@ func TestProbeCgroupRefusesANonCgroup(t *testing.T) {
 func TestFastWorkersAreNotSweptBeforeTheLastStarts(t *testing.T) {
 	for _, mode := range []ContainMode{ContainCgroup, ContainSubreaper} {
 		t.Run(string(mode), func(t *testing.T) {
-			c := contain(t, mode)
-			keeper, err := c.StartKeeper(os.Args[0])
-			if err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(func() { keeper.Close() })
+			_, keeper := containedKeeper(t, mode)
 			for round := range 30 {
 				specs := make([]WorkerSpec, 6)
 				for i := range specs {
