@@ -113,6 +113,8 @@ func goList(t *testing.T, goTool, dir string, args ...string) []byte {
 	t.Helper()
 	cmd := exec.Command(goTool, args...)
 	cmd.Dir = dir
+	// This module alone, whatever go.work lies above it.
+	cmd.Env = append(os.Environ(), "GOWORK=off")
 	var stderr bytes.Buffer
 	cmd.Stderr = &stderr
 	out, err := cmd.Output()
