@@ -12,7 +12,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/gorun/gorun/collective"
+	"github.com/gorun/gorun/collective/elem"
 	"github.com/gorun/gorun/rendezvous"
 )
 
@@ -113,36 +113,36 @@ func TestCollectivesMapToNCCL(t *testing.T) {
 		want []string
 	}{
 		{"all_reduce", func() (*Work, error) {
-			return c.AllReduce(ctx, src.Ptr(), dst.Ptr(), 4, collective.Float32, collective.Sum)
+			return c.AllReduce(ctx, src.Ptr(), dst.Ptr(), 4, elem.Float32, elem.Sum)
 		}, []string{"AllReduce count=4 dtype=7 op=0"}},
 		{"all_reduce avg bfloat16", func() (*Work, error) {
-			return c.AllReduce(ctx, src.Ptr(), dst.Ptr(), 8, collective.BFloat16, collective.Avg)
+			return c.AllReduce(ctx, src.Ptr(), dst.Ptr(), 8, elem.BFloat16, elem.Avg)
 		}, []string{"AllReduce count=8 dtype=9 op=4"}},
 		{"reduce", func() (*Work, error) {
-			return c.Reduce(ctx, src.Ptr(), dst.Ptr(), 2, collective.Int64, collective.Max, 0)
+			return c.Reduce(ctx, src.Ptr(), dst.Ptr(), 2, elem.Int64, elem.Max, 0)
 		}, []string{"Reduce count=2 dtype=4 op=2 root=0"}},
 		{"broadcast", func() (*Work, error) {
-			return c.Broadcast(ctx, src.Ptr(), dst.Ptr(), 16, collective.Uint8, 0)
+			return c.Broadcast(ctx, src.Ptr(), dst.Ptr(), 16, elem.Uint8, 0)
 		}, []string{"Broadcast count=16 dtype=1 root=0"}},
 		{"all_gather", func() (*Work, error) {
-			return c.AllGather(ctx, src.Ptr(), dst.Ptr(), 4, collective.Int32)
+			return c.AllGather(ctx, src.Ptr(), dst.Ptr(), 4, elem.Int32)
 		}, []string{"AllGather sendcount=4 dtype=2"}},
 		{"reduce_scatter", func() (*Work, error) {
-			return c.ReduceScatter(ctx, src.Ptr(), dst.Ptr(), []int{8}, collective.Float16, collective.Min)
+			return c.ReduceScatter(ctx, src.Ptr(), dst.Ptr(), []int{8}, elem.Float16, elem.Min)
 		}, []string{"ReduceScatter recvcount=8 dtype=6 op=3"}},
 		{"gather", func() (*Work, error) {
-			return c.Gather(ctx, src.Ptr(), dst.Ptr(), 2, collective.Float64, 0)
+			return c.Gather(ctx, src.Ptr(), dst.Ptr(), 2, elem.Float64, 0)
 		}, []string{"GroupStart", "Send count=2 dtype=8 peer=0", "Recv count=2 dtype=8 peer=0", "GroupEnd"}},
 		{"scatter", func() (*Work, error) {
-			return c.Scatter(ctx, src.Ptr(), dst.Ptr(), 16, collective.Int8, 0)
+			return c.Scatter(ctx, src.Ptr(), dst.Ptr(), 16, elem.Int8, 0)
 		}, []string{"GroupStart", "Send count=16 dtype=0 peer=0", "Recv count=16 dtype=0 peer=0", "GroupEnd"}},
 		{"all_to_all", func() (*Work, error) {
-			return c.AllToAll(ctx, src.Ptr(), dst.Ptr(), []int{4}, []int{4}, collective.Float32)
+			return c.AllToAll(ctx, src.Ptr(), dst.Ptr(), []int{4}, []int{4}, elem.Float32)
 		}, []string{"GroupStart", "Send count=4 dtype=7 peer=0", "Recv count=4 dtype=7 peer=0", "GroupEnd"}},
 		{"batch_p2p", func() (*Work, error) {
 			return c.BatchP2P(ctx, []P2POp{
-				{Recv: true, Peer: 0, Buf: dst.Ptr(), Count: 4, DType: collective.Float32},
-				{Peer: 0, Buf: src.Ptr(), Count: 4, DType: collective.Float32},
+				{Recv: true, Peer: 0, Buf: dst.Ptr(), Count: 4, DType: elem.Float32},
+				{Peer: 0, Buf: src.Ptr(), Count: 4, DType: elem.Float32},
 			})
 		}, []string{"GroupStart", "Recv count=4 dtype=7 peer=0", "Send count=4 dtype=7 peer=0", "GroupEnd"}},
 	}
@@ -191,7 +191,7 @@ func TestUnequalSplitsBecomeGroupedCalls(t *testing.T) {
 
 	moves := []string{"GroupStart", "GroupEnd", "Reduce", "Send", "Recv", "AllReduce"}
 	before := len(logLines(g.ncclLog(), moves...))
-	_, err := c.ReduceScatter(ctx, src.Ptr(), dst.Ptr(), []int{3, 5}, collective.Float32, collective.Sum)
+	_, err := c.ReduceScatter(ctx, src.Ptr(), dst.Ptr(), []int{3, 5}, elem.Float32, elem.Sum)
 	want := "cuda: nccl reduce_scatter on rank 0: ncclGroupEnd: ncclInvalidUsage: invalid usage (run with NCCL_DEBUG=WARN for details): fake: world size 2: the fake moves data for one rank only"
 	if err == nil || err.Error() != want {
 		t.Errorf("got  %v\nwant %s", err, want)
@@ -203,7 +203,7 @@ func TestUnequalSplitsBecomeGroupedCalls(t *testing.T) {
 
 	// Empty slices of an all_to_all are skipped on both sides.
 	before = len(calls)
-	_, err = c.AllToAll(ctx, src.Ptr(), dst.Ptr(), []int{0, 2}, []int{3, 0}, collective.Int32)
+	_, err = c.AllToAll(ctx, src.Ptr(), dst.Ptr(), []int{0, 2}, []int{3, 0}, elem.Int32)
 	if err == nil {
 		t.Error("the fake moved data for two ranks")
 	}
@@ -212,7 +212,7 @@ func TestUnequalSplitsBecomeGroupedCalls(t *testing.T) {
 		t.Errorf("NCCL calls %q", got)
 	}
 	// Synchronous errors leave the communicator usable.
-	if _, err := c.AllReduce(ctx, src.Ptr(), dst.Ptr(), 1, collective.Float32, collective.Sum); errors.Is(err, ErrAborted) {
+	if _, err := c.AllReduce(ctx, src.Ptr(), dst.Ptr(), 1, elem.Float32, elem.Sum); errors.Is(err, ErrAborted) {
 		t.Errorf("an argument error aborted the communicator: %v", err)
 	}
 }
@@ -222,7 +222,7 @@ func TestNCCLErrorsNameTheOperationAndRank(t *testing.T) {
 	c := g.comm(CommConfig{})
 	ctx := context.Background()
 	b := g.buffer(make([]byte, 8))
-	_, err := c.AllReduce(ctx, b.Ptr(), b.Ptr(), 0xBAD, collective.Float32, collective.Sum)
+	_, err := c.AllReduce(ctx, b.Ptr(), b.Ptr(), 0xBAD, elem.Float32, elem.Sum)
 	want := "cuda: nccl all_reduce on rank 0: ncclAllReduce: ncclInvalidArgument: invalid argument (run with NCCL_DEBUG=WARN for details): fake: count 2989 is the magic bad count"
 	if err == nil || err.Error() != want {
 		t.Fatalf("got  %v\nwant %s", err, want)
@@ -233,7 +233,7 @@ func TestNCCLErrorsNameTheOperationAndRank(t *testing.T) {
 		t.Errorf("got %#v", err)
 	}
 	// The communicator is still usable.
-	w, err := c.AllReduce(ctx, b.Ptr(), b.Ptr(), 2, collective.Float32, collective.Sum)
+	w, err := c.AllReduce(ctx, b.Ptr(), b.Ptr(), 2, elem.Float32, elem.Sum)
 	wait(t, w, err)
 }
 
@@ -243,8 +243,8 @@ func TestArgumentsAreCheckedBeforeNCCL(t *testing.T) {
 	ctx := context.Background()
 	b := g.buffer(make([]byte, 8))
 	before := g.ncclLog()
-	for _, op := range []collective.Op{collective.BAnd, collective.BOr, collective.BXor} {
-		_, err := c.AllReduce(ctx, b.Ptr(), b.Ptr(), 2, collective.Int32, op)
+	for _, op := range []elem.Op{elem.BAnd, elem.BOr, elem.BXor} {
+		_, err := c.AllReduce(ctx, b.Ptr(), b.Ptr(), 2, elem.Int32, op)
 		if !errors.Is(err, errors.ErrUnsupported) || !strings.Contains(err.Error(), "all_reduce on rank 0: reduction "+op.String()+": unsupported operation: NCCL has no bitwise reductions") {
 			t.Errorf("%v: %v", op, err)
 		}
@@ -255,16 +255,16 @@ func TestArgumentsAreCheckedBeforeNCCL(t *testing.T) {
 		want string
 	}{
 		{"dtype", func() error {
-			_, err := c.AllReduce(ctx, b.Ptr(), b.Ptr(), 2, collective.DType(3), collective.Sum)
+			_, err := c.AllReduce(ctx, b.Ptr(), b.Ptr(), 2, elem.DType(3), elem.Sum)
 			return err
 		}(), "unknown data type dtype(3)"},
-		{"root", func() error { _, err := c.Broadcast(ctx, b.Ptr(), b.Ptr(), 2, collective.Int32, 1); return err }(), "root 1 is not a rank of 1"},
-		{"count", func() error { _, err := c.Send(ctx, b.Ptr(), -1, collective.Int32, 0); return err }(), "send on rank 0: negative count -1"},
+		{"root", func() error { _, err := c.Broadcast(ctx, b.Ptr(), b.Ptr(), 2, elem.Int32, 1); return err }(), "root 1 is not a rank of 1"},
+		{"count", func() error { _, err := c.Send(ctx, b.Ptr(), -1, elem.Int32, 0); return err }(), "send on rank 0: negative count -1"},
 		{"counts", func() error {
-			_, err := c.AllToAll(ctx, b.Ptr(), b.Ptr(), []int{1, 1}, []int{1}, collective.Int32)
+			_, err := c.AllToAll(ctx, b.Ptr(), b.Ptr(), []int{1, 1}, []int{1}, elem.Int32)
 			return err
 		}(), "2 sendCounts for 1 ranks"},
-		{"any source", func() error { _, err := c.Recv(ctx, b.Ptr(), 1, collective.Int32, collective.AnySource); return err }(), "recv on rank 0: peer -1 is not a rank of 1"},
+		{"any source", func() error { _, err := c.Recv(ctx, b.Ptr(), 1, elem.Int32, -1); return err }(), "recv on rank 0: peer -1 is not a rank of 1"},
 		{"empty batch", func() error { _, err := c.BatchP2P(ctx, nil); return err }(), "no operations"},
 	} {
 		if tc.err == nil || !strings.Contains(tc.err.Error(), tc.want) {
@@ -281,11 +281,11 @@ func TestOldNCCLHasNoAvgOrBFloat16(t *testing.T) {
 	g := newGPU(t)
 	c := g.comm(CommConfig{})
 	b := g.buffer(make([]byte, 8))
-	_, err := c.AllReduce(context.Background(), b.Ptr(), b.Ptr(), 2, collective.Float32, collective.Avg)
+	_, err := c.AllReduce(context.Background(), b.Ptr(), b.Ptr(), 2, elem.Float32, elem.Avg)
 	if !errors.Is(err, errors.ErrUnsupported) || !strings.Contains(err.Error(), "reduction avg: unsupported operation by NCCL 2.8.4 (it came with 2.10.0)") {
 		t.Errorf("avg: %v", err)
 	}
-	_, err = c.AllReduce(context.Background(), b.Ptr(), b.Ptr(), 2, collective.BFloat16, collective.Sum)
+	_, err = c.AllReduce(context.Background(), b.Ptr(), b.Ptr(), 2, elem.BFloat16, elem.Sum)
 	if !errors.Is(err, errors.ErrUnsupported) || !strings.Contains(err.Error(), "bfloat16: unsupported operation by NCCL 2.8.4") {
 		t.Errorf("bfloat16: %v", err)
 	}
@@ -301,7 +301,7 @@ func TestNonblockingCallsSettle(t *testing.T) {
 	}
 	in := float32s(5, 6)
 	src, dst := g.buffer(in), g.buffer(make([]byte, len(in)))
-	w, err := c.AllReduce(context.Background(), src.Ptr(), dst.Ptr(), 2, collective.Float32, collective.Sum)
+	w, err := c.AllReduce(context.Background(), src.Ptr(), dst.Ptr(), 2, elem.Float32, elem.Sum)
 	wait(t, w, err)
 	if n := polls(); n != 6 {
 		t.Errorf("%d in-progress polls after init and all_reduce; want 6", n)
@@ -310,7 +310,7 @@ func TestNonblockingCallsSettle(t *testing.T) {
 		t.Error("the all_reduce did not run")
 	}
 	// Grouped calls settle after ncclGroupEnd.
-	w, err = c.Gather(context.Background(), src.Ptr(), dst.Ptr(), 2, collective.Float32, 0)
+	w, err = c.Gather(context.Background(), src.Ptr(), dst.Ptr(), 2, elem.Float32, 0)
 	wait(t, w, err)
 	if n := polls(); n != 9 {
 		t.Errorf("%d in-progress polls after a grouped call; want 9", n)
@@ -324,7 +324,7 @@ func TestAHangIsAbortedAtTheDeadline(t *testing.T) {
 	t.Setenv("FAKE_NCCL_INPROGRESS", "-1") // the next call never settles
 	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
 	defer cancel()
-	_, err := c.AllReduce(ctx, b.Ptr(), b.Ptr(), 2, collective.Float32, collective.Sum)
+	_, err := c.AllReduce(ctx, b.Ptr(), b.Ptr(), 2, elem.Float32, elem.Sum)
 	if !errors.Is(err, ErrAborted) || !errors.Is(err, context.DeadlineExceeded) {
 		t.Fatalf("got %v; want an abort at the deadline", err)
 	}
@@ -357,11 +357,11 @@ func TestAHungKernelIsAbortedByWait(t *testing.T) {
 	b := g.buffer(make([]byte, 8))
 	t.Setenv("FAKE_CUDA_EVENTS_NEVER_READY", "1") // the GPU never gets past the collective
 	ctx := context.Background()
-	first, err := c.AllReduce(ctx, b.Ptr(), b.Ptr(), 2, collective.Float32, collective.Sum)
+	first, err := c.AllReduce(ctx, b.Ptr(), b.Ptr(), 2, elem.Float32, elem.Sum)
 	if err != nil {
 		t.Fatal(err)
 	}
-	second, err := c.Broadcast(ctx, b.Ptr(), b.Ptr(), 2, collective.Float32, 0)
+	second, err := c.Broadcast(ctx, b.Ptr(), b.Ptr(), 2, elem.Float32, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -386,7 +386,7 @@ func TestAnAsyncErrorAborts(t *testing.T) {
 	c := g.comm(CommConfig{})
 	b := g.buffer(make([]byte, 8))
 	t.Setenv("FAKE_CUDA_EVENTS_NEVER_READY", "1")
-	w, err := c.AllReduce(context.Background(), b.Ptr(), b.Ptr(), 2, collective.Float32, collective.Sum)
+	w, err := c.AllReduce(context.Background(), b.Ptr(), b.Ptr(), 2, elem.Float32, elem.Sum)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -412,7 +412,7 @@ func TestCloseFinalizesThenDestroys(t *testing.T) {
 	if err := c.Close(); err != nil {
 		t.Errorf("a second Close: %v", err)
 	}
-	if _, err := c.AllReduce(context.Background(), b.Ptr(), b.Ptr(), 2, collective.Float32, collective.Sum); !errors.Is(err, ErrClosed) {
+	if _, err := c.AllReduce(context.Background(), b.Ptr(), b.Ptr(), 2, elem.Float32, elem.Sum); !errors.Is(err, ErrClosed) {
 		t.Errorf("a call after Close: %v", err)
 	}
 	if g.live("streams") != 1 { // the device's own copy stream is all that is left
@@ -449,7 +449,7 @@ func TestSplitWithNCCLCommSplit(t *testing.T) {
 	}
 	in := float32s(7)
 	src, dst := g.buffer(in), g.buffer(make([]byte, 4))
-	w, err := sub.AllReduce(ctx, src.Ptr(), dst.Ptr(), 1, collective.Float32, collective.Sum)
+	w, err := sub.AllReduce(ctx, src.Ptr(), dst.Ptr(), 1, elem.Float32, elem.Sum)
 	wait(t, w, err)
 	if !bytes.Equal(g.read(dst), in) {
 		t.Error("the split communicator did not run the all_reduce")
@@ -496,7 +496,7 @@ func TestLegacyNCCLIsBlocking(t *testing.T) {
 	c := g.comm(CommConfig{})
 	in := float32s(1, 2)
 	src, dst := g.buffer(in), g.buffer(make([]byte, 8))
-	w, err := c.AllReduce(context.Background(), src.Ptr(), dst.Ptr(), 2, collective.Float32, collective.Sum)
+	w, err := c.AllReduce(context.Background(), src.Ptr(), dst.Ptr(), 2, elem.Float32, elem.Sum)
 	wait(t, w, err)
 	if !bytes.Equal(g.read(dst), in) {
 		t.Error("the all_reduce did not run")
@@ -519,7 +519,7 @@ func TestConcurrentCallsReachNCCLOneAtATime(t *testing.T) {
 		in := float32s(float32(i), float32(i+1))
 		src, dst := g.buffer(in), g.buffer(make([]byte, len(in)))
 		wg.Go(func() {
-			w, err := c.AllReduce(ctx, src.Ptr(), dst.Ptr(), 2, collective.Float32, collective.Sum)
+			w, err := c.AllReduce(ctx, src.Ptr(), dst.Ptr(), 2, elem.Float32, elem.Sum)
 			if err == nil {
 				err = w.Wait(ctx)
 			}

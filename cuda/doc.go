@@ -10,7 +10,7 @@
 //	comm, err := nccl.NewComm(ctx, dev, cuda.CommConfig{Rank: rank, Size: world, Store: store, Key: "nccl/default"})
 //	buf, err := dev.Alloc(4 * n)
 //	_, err = buf.WriteAt(data, 0)
-//	w, err := comm.AllReduce(ctx, buf.Ptr(), buf.Ptr(), n, collective.Float32, collective.Sum)
+//	w, err := comm.AllReduce(ctx, buf.Ptr(), buf.Ptr(), n, elem.Float32, elem.Sum)
 //	err = w.Wait(ctx)
 //	_, err = buf.ReadAt(data, 0)
 //

@@ -5,7 +5,7 @@ import (
 	"errors"
 	"fmt"
 
-	"github.com/gorun/gorun/collective"
+	"github.com/gorun/gorun/collective/elem"
 )
 
 // The operations of a communicator. Buffers are device pointers (on the
@@ -18,7 +18,7 @@ import (
 
 // AllReduce reduces count elements of send across all ranks into recv on
 // every rank.
-func (c *Comm) AllReduce(ctx context.Context, send, recv DevicePtr, count int, dt collective.DType, op collective.Op) (*Work, error) {
+func (c *Comm) AllReduce(ctx context.Context, send, recv DevicePtr, count int, dt elem.DType, op elem.Op) (*Work, error) {
 	const name = "all_reduce"
 	t, o, err := c.reduction(name, dt, op)
 	if err != nil {
@@ -33,7 +33,7 @@ func (c *Comm) AllReduce(ctx context.Context, send, recv DevicePtr, count int, d
 }
 
 // Broadcast copies root's count elements of send into recv on every rank.
-func (c *Comm) Broadcast(ctx context.Context, send, recv DevicePtr, count int, dt collective.DType, root int) (*Work, error) {
+func (c *Comm) Broadcast(ctx context.Context, send, recv DevicePtr, count int, dt elem.DType, root int) (*Work, error) {
 	const name = "broadcast"
 	t, err := c.dataType(name, dt)
 	if err == nil {
@@ -48,7 +48,7 @@ func (c *Comm) Broadcast(ctx context.Context, send, recv DevicePtr, count int, d
 }
 
 // Reduce reduces count elements of send across all ranks into root's recv.
-func (c *Comm) Reduce(ctx context.Context, send, recv DevicePtr, count int, dt collective.DType, op collective.Op, root int) (*Work, error) {
+func (c *Comm) Reduce(ctx context.Context, send, recv DevicePtr, count int, dt elem.DType, op elem.Op, root int) (*Work, error) {
 	const name = "reduce"
 	t, o, err := c.reduction(name, dt, op)
 	if err == nil {
@@ -64,7 +64,7 @@ func (c *Comm) Reduce(ctx context.Context, send, recv DevicePtr, count int, dt c
 
 // AllGather concatenates every rank's count elements of send into recv
 // (Size()*count elements), in rank order.
-func (c *Comm) AllGather(ctx context.Context, send, recv DevicePtr, count int, dt collective.DType) (*Work, error) {
+func (c *Comm) AllGather(ctx context.Context, send, recv DevicePtr, count int, dt elem.DType) (*Work, error) {
 	const name = "all_gather"
 	t, err := c.dataType(name, dt)
 	if err == nil {
@@ -82,7 +82,7 @@ func (c *Comm) AllGather(ctx context.Context, send, recv DevicePtr, count int, d
 // leaves the i-th slice of the result, counts[i] elements, in rank i's
 // recv. Equal counts are one ncclReduceScatter; unequal ones a group of
 // ncclReduce, one per rank, as torch does.
-func (c *Comm) ReduceScatter(ctx context.Context, send, recv DevicePtr, counts []int, dt collective.DType, op collective.Op) (*Work, error) {
+func (c *Comm) ReduceScatter(ctx context.Context, send, recv DevicePtr, counts []int, dt elem.DType, op elem.Op) (*Work, error) {
 	const name = "reduce_scatter"
 	t, o, err := c.reduction(name, dt, op)
 	if err == nil {
@@ -107,7 +107,7 @@ func (c *Comm) ReduceScatter(ctx context.Context, send, recv DevicePtr, counts [
 // Gather gathers every rank's count elements of send into root's recv
 // (Size()*count elements), in rank order; recv is unused elsewhere. It is
 // a group of sends to root and, on root, receives from every rank.
-func (c *Comm) Gather(ctx context.Context, send, recv DevicePtr, count int, dt collective.DType, root int) (*Work, error) {
+func (c *Comm) Gather(ctx context.Context, send, recv DevicePtr, count int, dt elem.DType, root int) (*Work, error) {
 	const name = "gather"
 	_, err := c.dataType(name, dt)
 	if err == nil {
@@ -127,7 +127,7 @@ func (c *Comm) Gather(ctx context.Context, send, recv DevicePtr, count int, dt c
 
 // Scatter gives rank i the i-th count-element slice of root's send, in its
 // recv; send is unused elsewhere.
-func (c *Comm) Scatter(ctx context.Context, send, recv DevicePtr, count int, dt collective.DType, root int) (*Work, error) {
+func (c *Comm) Scatter(ctx context.Context, send, recv DevicePtr, count int, dt elem.DType, root int) (*Work, error) {
 	const name = "scatter"
 	_, err := c.dataType(name, dt)
 	if err == nil {
@@ -149,7 +149,7 @@ func (c *Comm) Scatter(ctx context.Context, send, recv DevicePtr, count int, dt 
 // AllToAll sends the i-th slice of send (sendCounts[i] elements) to rank i
 // and receives rank i's slice for us into the i-th slice of recv
 // (recvCounts[i] elements), as one group of sends and receives.
-func (c *Comm) AllToAll(ctx context.Context, send, recv DevicePtr, sendCounts, recvCounts []int, dt collective.DType) (*Work, error) {
+func (c *Comm) AllToAll(ctx context.Context, send, recv DevicePtr, sendCounts, recvCounts []int, dt elem.DType) (*Work, error) {
 	const name = "all_to_all"
 	_, err := c.dataType(name, dt)
 	if err == nil {
@@ -176,18 +176,18 @@ func (c *Comm) AllToAll(ctx context.Context, send, recv DevicePtr, sendCounts, r
 // memory: it completes once every rank has reached it.
 func (c *Comm) Barrier(ctx context.Context) (*Work, error) {
 	return c.launch(ctx, "barrier", func(h uintptr) (string, ncclResult) {
-		return "ncclAllReduce", c.nccl.api.ncclAllReduce(c.scratch, c.scratch, 1, int32(collective.Int32), int32(collective.Sum), h, c.stream)
+		return "ncclAllReduce", c.nccl.api.ncclAllReduce(c.scratch, c.scratch, 1, int32(elem.Int32), int32(elem.Sum), h, c.stream)
 	})
 }
 
 // Send sends count elements of buf to peer, which must Recv them.
-func (c *Comm) Send(ctx context.Context, buf DevicePtr, count int, dt collective.DType, peer int) (*Work, error) {
+func (c *Comm) Send(ctx context.Context, buf DevicePtr, count int, dt elem.DType, peer int) (*Work, error) {
 	return c.BatchP2P(ctx, []P2POp{{Peer: peer, Buf: buf, Count: count, DType: dt}})
 }
 
 // Recv receives count elements from peer into buf. NCCL has no receive
 // from any source: peer is a rank.
-func (c *Comm) Recv(ctx context.Context, buf DevicePtr, count int, dt collective.DType, peer int) (*Work, error) {
+func (c *Comm) Recv(ctx context.Context, buf DevicePtr, count int, dt elem.DType, peer int) (*Work, error) {
 	return c.BatchP2P(ctx, []P2POp{{Recv: true, Peer: peer, Buf: buf, Count: count, DType: dt}})
 }
 
@@ -197,7 +197,7 @@ type P2POp struct {
 	Peer  int
 	Buf   DevicePtr
 	Count int
-	DType collective.DType
+	DType elem.DType
 }
 
 // BatchP2P runs sends and receives as one NCCL group, so that they proceed
@@ -267,11 +267,11 @@ func (c *Comm) grouped(n int, call func(i int) (string, ncclResult)) (string, nc
 
 // dataType maps dt to NCCL's ncclDataType_t, which numbers the types as
 // collective does.
-func (c *Comm) dataType(name string, dt collective.DType) (int32, error) {
+func (c *Comm) dataType(name string, dt elem.DType) (int32, error) {
 	if dt.Size() == 0 {
 		return 0, &OpError{Op: name, Rank: c.rank, Err: fmt.Errorf("unknown data type %v", dt)}
 	}
-	if dt == collective.BFloat16 && c.nccl.version.Less(ncclAvgAndBF16) {
+	if dt == elem.BFloat16 && c.nccl.version.Less(ncclAvgAndBF16) {
 		return 0, c.tooOld(name, dt.String(), ncclAvgAndBF16)
 	}
 	return int32(dt), nil
@@ -284,18 +284,18 @@ func (c *Comm) tooOld(op, what string, since Version) *OpError {
 
 // reduction maps dt and op to NCCL's enums, which number them as
 // collective does; NCCL has no bitwise reductions.
-func (c *Comm) reduction(name string, dt collective.DType, op collective.Op) (int32, int32, error) {
+func (c *Comm) reduction(name string, dt elem.DType, op elem.Op) (int32, int32, error) {
 	t, err := c.dataType(name, dt)
 	if err != nil {
 		return 0, 0, err
 	}
 	switch op {
-	case collective.Sum, collective.Product, collective.Max, collective.Min:
-	case collective.Avg:
+	case elem.Sum, elem.Product, elem.Max, elem.Min:
+	case elem.Avg:
 		if c.nccl.version.Less(ncclAvgAndBF16) {
 			return 0, 0, c.tooOld(name, "reduction "+op.String(), ncclAvgAndBF16)
 		}
-	case collective.BAnd, collective.BOr, collective.BXor:
+	case elem.BAnd, elem.BOr, elem.BXor:
 		return 0, 0, &OpError{Op: name, Rank: c.rank, Err: fmt.Errorf("reduction %v: %w: NCCL has no bitwise reductions", op, errors.ErrUnsupported)}
 	default:
 		return 0, 0, &OpError{Op: name, Rank: c.rank, Err: fmt.Errorf("unknown reduction %v", op)}
@@ -339,7 +339,7 @@ func equal(counts []int) bool {
 }
 
 // byteOffsets returns where each slice of counts elements starts.
-func byteOffsets(counts []int, dt collective.DType) []DevicePtr {
+func byteOffsets(counts []int, dt elem.DType) []DevicePtr {
 	offsets := make([]DevicePtr, len(counts))
 	at := 0
 	for i, n := range counts {
