@@ -180,7 +180,6 @@ type peer struct {
 // streams it asks for; hostID names its host (empty: TCP to every peer, no
 // Unix socket). Each peer gets one lane until setLanes.
 func newTransport(ctx context.Context, store rendezvous.Store, rank, size int, host, hostID string, cfg config, log zerolog.Logger) (*transport, error) {
-	ensureTwoPs(log)
 	ln, err := net.Listen("tcp", net.JoinHostPort(host, "0"))
 	if err != nil {
 		return nil, fmt.Errorf("collective: listen on %s: %w", host, err)
@@ -205,8 +204,12 @@ func newTransport(ctx context.Context, store rendezvous.Store, rank, size int, h
 		t.peers[i].lanes = 1
 	}
 	t.life, t.endLife = context.WithCancel(context.Background())
+	if twoPs.hold() {
+		log.Debug().Msg("GOMAXPROCS raised to 2 for the transport's poller, until the last transport closes")
+	}
 	if t.poller, err = newPoller(t); err != nil {
 		ln.Close()
+		twoPs.release()
 		return nil, fmt.Errorf("collective: poller: %w", err)
 	}
 	t.wg.Add(1)
@@ -650,6 +653,7 @@ func (t *transport) close() {
 	if t.shm != nil {
 		t.shm.close()
 	}
+	twoPs.release()
 }
 
 // rawConn is c's descriptor, for the system calls the runtime does not
@@ -710,18 +714,3 @@ func sameHost(hosts []string, rank int) []int {
 	return ranks
 }
 
-// ensureTwoPs raises GOMAXPROCS to 2 where it is 1, as the runtime
-// makes it for a process pinned to one core (taskset, gorun --bind-to, a
-// Slurm or container CPU limit). An op spins on its sockets holding a P,
-// and the poller's goroutine needs another whenever a socket nobody
-// spins on has data; with one P each such hand-off waited for the Go
-// scheduler's monitor to preempt the spinner, 10 to 20 ms (4 ranks
-// pinned two to a core, over TCP: an 8-byte all_reduce took 220 us
-// instead of 46, 1 MiB 11 ms instead of 1.5). Two Ps cost no core: the
-// poller's mostly sleeps.
-func ensureTwoPs(log zerolog.Logger) {
-	if goruntime.GOMAXPROCS(0) < 2 {
-		goruntime.GOMAXPROCS(2)
-		log.Debug().Msg("GOMAXPROCS raised from 1 to 2 for the transport's poller")
-	}
-}
