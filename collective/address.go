@@ -12,33 +12,22 @@ import (
 //
 //  1. opts.Host;
 //  2. the first IPv4 address (else IPv6) of the network interface named by
-//     opts.Ifname, else $GORUN_SOCKET_IFNAME, else $GLOO_SOCKET_IFNAME;
-//     naming an interface that has no address is an error;
-//  3. the local address that routes to the store's host, $MASTER_ADDR in
-//     torchrun's contract (127.0.0.1 when the store is on this host);
+//     opts.Ifname; naming an interface that has no address is an error;
+//  3. the local address that routes to opts.StoreAddr, the store's
+//     (127.0.0.1 when the store is on this host);
 //  4. a non-loopback address the host name resolves to;
 //  5. 127.0.0.1.
-func listenHost(ctx context.Context, opts TCPOptions, getenv func(string) string) (string, error) {
+func listenHost(ctx context.Context, opts TCPOptions) (string, error) {
 	if opts.Host != "" {
 		return opts.Host, nil
 	}
-	ifname := opts.Ifname
-	for _, env := range []string{"GORUN_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME"} {
-		if ifname == "" {
-			ifname = getenv(env)
-		}
+	if opts.Ifname != "" {
+		return interfaceAddr(opts.Ifname)
 	}
-	if ifname != "" {
-		return interfaceAddr(ifname)
-	}
-	if master := getenv("MASTER_ADDR"); master != "" {
-		port := getenv("MASTER_PORT")
-		if port == "" {
-			port = "29500"
-		}
+	if opts.StoreAddr != "" {
 		var d net.Dialer
 		// Connecting a UDP socket sends nothing; it only picks the route.
-		if c, err := d.DialContext(ctx, "udp", net.JoinHostPort(master, port)); err == nil {
+		if c, err := d.DialContext(ctx, "udp", opts.StoreAddr); err == nil {
 			ip := c.LocalAddr().(*net.UDPAddr).IP
 			c.Close()
 			return ip.String(), nil

@@ -286,7 +286,7 @@ func TestForcedAlgorithms(t *testing.T) {
 		for _, n := range []int{2, 3, 4, 5, 8} {
 			t.Run(fmt.Sprintf("%s/world=%d", algo, n), func(t *testing.T) {
 				// Over TCP: the other tests mostly take the same-host Unix sockets.
-				comms := testWorld(t, n, TCPOptions{algo: algo, segment: 4 << 10, TCPOnly: true})
+				comms := testWorld(t, n, TCPOptions{Algorithm: algo, segment: 4 << 10, TCPOnly: true})
 				seed := uint64(100 * n)
 				for _, count := range lengths {
 					for _, p := range pairs {
@@ -306,7 +306,7 @@ func TestAllReduceBitwiseIdentical(t *testing.T) {
 	for _, algo := range []string{"ring", "rhd", "rd"} {
 		for _, n := range []int{3, 5, 8} {
 			t.Run(fmt.Sprintf("%s/world=%d", algo, n), func(t *testing.T) {
-				comms := testWorld(t, n, TCPOptions{algo: algo, segment: 8 << 10})
+				comms := testWorld(t, n, TCPOptions{Algorithm: algo, segment: 8 << 10})
 				ctx := testContext(t, 30*time.Second)
 				for _, dt := range []DType{Float32, Float64, Float16, BFloat16} {
 					for _, op := range []Op{Sum, Product, Avg} {

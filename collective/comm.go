@@ -8,9 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"hash/fnv"
-	"os"
 	"slices"
-	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -21,41 +19,56 @@ import (
 	"github.com/gorun/gorun/rendezvous"
 )
 
-// TCPOptions configures NewTCP. The zero value is usable.
+// TCPOptions configures NewTCP. The zero value is usable. NewTCP reads
+// no environment: runtime.Init maps the GORUN_* variables named below to
+// these fields (its package documentation has the table of what wins).
 type TCPOptions struct {
 	// Logger receives connection events at debug and anomalies at warn;
 	// the zero value logs nothing.
 	Logger zerolog.Logger
-	// Ifname is the network interface to listen on. See listenHost for
-	// the rule when it is empty.
-	Ifname string
-	// Host is the address to listen on and advertise; it overrides Ifname.
+	// Host is the address to listen on and advertise. When it is empty,
+	// listenHost picks one from Ifname and StoreAddr.
 	Host string
+	// Ifname is the network interface to listen on (GORUN_SOCKET_IFNAME,
+	// GLOO_SOCKET_IFNAME), when Host is empty.
+	Ifname string
+	// StoreAddr is the store's "host:port" (MASTER_ADDR and MASTER_PORT in
+	// torchrun's contract): with neither Host nor Ifname, the rank listens
+	// on the local address that routes there.
+	StoreAddr string
 	// Eager connects to every peer during NewTCP instead of on first use.
 	Eager bool
-	// Transport chooses how ranks on one host talk; it overrides the
-	// environment variable GORUN_TRANSPORT:
+	// Transport chooses how ranks on one host talk (GORUN_TRANSPORT):
 	//   - "auto" (or empty): shared memory when every rank of the world
 	//     shares this host (shm.go), else Unix sockets between same-host
 	//     peers and TCP between hosts;
 	//   - "unix": no shared memory, Unix sockets between same-host peers;
 	//   - "tcp": TCP between all peers.
 	Transport string
-	// TCPOnly is Transport "tcp", as is GORUN_TCP_ONLY=1 (kept for
-	// scripts that set it).
+	// TCPOnly is Transport "tcp" whatever Transport says (GORUN_TCP_ONLY=1,
+	// kept for scripts that set it).
 	TCPOnly bool
 	// Streams is how many TCP connections each way this rank asks for
 	// with each peer on another host (or with every peer, when TCP is
 	// forced), 1 to 16; a pair uses the fewer of what its two ends ask.
-	// It overrides GORUN_TCP_STREAMS; the default is 4.
+	// Zero means the default, 4 (GORUN_TCP_STREAMS).
 	Streams int
+	// HostID names this rank's host (GORUN_HOST_ID): ranks that give the
+	// same one share memory and Unix sockets. Empty means the boot id and
+	// host name. Tests give ranks of one process different ones to make a
+	// job that spans hosts.
+	HostID string
+	// Algorithm forces the algorithm of the collectives that have it
+	// (GORUN_ALGO): "shm" or "shm-flat" (shared memory, when the world has
+	// it), "hier" (by host, when the world spans hosts and some host runs
+	// two ranks: hierarchy.go; opt-in until measured between real hosts,
+	// since on one machine's loopback it is slower than flat), "ring",
+	// "rhd", "rd", "tree", "chain", "direct", "bruck" (flat, over
+	// sockets). Empty or "auto" chooses by size. Every rank must agree
+	// (frames and shared-memory calls carry the algorithm, so ranks that
+	// do not fail with ErrMismatch).
+	Algorithm string
 
-	// hostID overrides the host identity, as GORUN_HOST_ID does: tests
-	// give ranks of one process different ones to make a job that spans
-	// hosts.
-	hostID string
-	// algo forces an algorithm as GORUN_ALGO does (tests, experiments).
-	algo string
 	// segment overrides the bytes per frame of pipelined algorithms.
 	segment int
 	// shmSlot overrides the bytes per block of shared-memory algorithms.
@@ -66,13 +79,26 @@ type TCPOptions struct {
 	// noSingleCopy turns off single-copy reads of peers' memory, as a
 	// kernel that forbids them would.
 	noSingleCopy bool
-	// getenv reads the environment (os.Getenv when nil).
-	getenv func(string) string
+}
+
+// transportMode is the transport opts ask for: "auto", "unix" or "tcp".
+func (opts TCPOptions) transportMode() (string, error) {
+	if opts.TCPOnly {
+		return "tcp", nil
+	}
+	switch mode := strings.ToLower(strings.TrimSpace(opts.Transport)); mode {
+	case "", "auto":
+		return "auto", nil
+	case "unix", "tcp":
+		return mode, nil
+	default:
+		return "", fmt.Errorf("collective: unknown transport %q (want auto, unix or tcp)", mode)
+	}
 }
 
 // config is what a communicator and its splits share.
 type config struct {
-	algo      algorithm // forced by GORUN_ALGO; algoAuto chooses by size
+	algo      algorithm // forced by TCPOptions.Algorithm; algoAuto chooses by size
 	segment   int
 	streams   int // TCP streams each way asked of each peer
 	yieldSpin time.Duration
@@ -87,58 +113,36 @@ const worldID = 1
 // made on first use, or during NewTCP when opts.Eager is set. Closing the
 // returned Comm closes the transport that its splits share.
 //
-// Ranks that publish the same host identity (boot id and host name, or
-// GORUN_HOST_ID where set) share memory and Unix sockets.
+// Ranks that publish the same host identity (opts.HostID, else boot id
+// and host name) share memory and Unix sockets.
 //
-// The environment variable GORUN_ALGO forces the algorithm of the
-// collectives that have it: "shm" or "shm-flat" (shared memory, when the
-// world has it), "hier" (by host, when the world spans hosts and some
-// host runs two ranks: hierarchy.go; opt-in until measured between real
-// hosts, since on one machine's loopback it is slower than flat), "ring",
-// "rhd", "rd", "tree", "chain", "direct" (flat, over sockets); every
-// rank must agree (frames and shared-memory calls carry
-// the algorithm, so ranks that do not fail with ErrMismatch).
+// While any communicator of the process is open, GOMAXPROCS is at least
+// 2 (see twoPs in procs.go); closing the last puts back what it was.
 func NewTCP(ctx context.Context, store rendezvous.Store, rank, size int, opts TCPOptions) (Comm, error) {
 	if size < 1 || rank < 0 || rank >= size {
 		return nil, fmt.Errorf("collective: rank %d out of range for world size %d", rank, size)
 	}
-	getenv := opts.getenv
-	if getenv == nil {
-		getenv = os.Getenv
-	}
-	name := opts.algo
-	if name == "" {
-		name = getenv("GORUN_ALGO")
-	}
-	algo, err := parseAlgorithm(name)
+	algo, err := parseAlgorithm(opts.Algorithm)
 	if err != nil {
 		return nil, err
 	}
-	streams, err := parseStreams(opts.Streams, getenv("GORUN_TCP_STREAMS"))
+	streams, err := checkStreams(opts.Streams)
 	if err != nil {
 		return nil, err
 	}
 	cfg := config{algo: algo, segment: cmp.Or(opts.segment, defaultSegment), streams: streams, yieldSpin: cmp.Or(opts.yieldSpin, awaitYieldSpin)}
-	mode := opts.Transport
-	if mode == "" {
-		mode = getenv("GORUN_TRANSPORT")
+	mode, err := opts.transportMode()
+	if err != nil {
+		return nil, err
 	}
-	if opts.TCPOnly || getenv("GORUN_TCP_ONLY") == "1" {
-		mode = "tcp"
-	}
-	switch mode = strings.ToLower(strings.TrimSpace(mode)); mode {
-	case "", "auto", "unix", "tcp":
-	default:
-		return nil, fmt.Errorf("collective: unknown transport %q (want auto, unix or tcp)", mode)
-	}
-	host, err := listenHost(ctx, opts, getenv)
+	host, err := listenHost(ctx, opts)
 	if err != nil {
 		return nil, err
 	}
 	log := opts.Logger.With().Str("component", "collective").Int("rank", rank).Logger()
 	hostID := ""
 	if mode != "tcp" {
-		hostID = cmp.Or(opts.hostID, strings.TrimSpace(getenv("GORUN_HOST_ID")), hostIdentity())
+		hostID = cmp.Or(strings.TrimSpace(opts.HostID), hostIdentity())
 	}
 	t, err := newTransport(ctx, store, rank, size, host, hostID, cfg, log)
 	if err != nil {
@@ -190,17 +194,11 @@ func NewTCP(ctx context.Context, store rendezvous.Store, rank, size int, opts TC
 	return world, nil
 }
 
-// parseStreams reads the TCP streams asked for: n when set, else the
-// environment's GORUN_TCP_STREAMS, else defaultStreams.
-func parseStreams(n int, env string) (int, error) {
+// checkStreams is the TCP streams asked for: n, or defaultStreams when
+// zero.
+func checkStreams(n int) (int, error) {
 	if n == 0 {
-		if env = strings.TrimSpace(env); env == "" {
-			return defaultStreams, nil
-		}
-		var err error
-		if n, err = strconv.Atoi(env); err != nil {
-			return 0, fmt.Errorf("collective: GORUN_TCP_STREAMS=%q is not a number of streams (1 to %d)", env, maxStreams)
-		}
+		return defaultStreams, nil
 	}
 	if n < 1 || n > maxStreams {
 		return 0, fmt.Errorf("collective: %d TCP streams per peer: want 1 to %d", n, maxStreams)

@@ -33,9 +33,6 @@ func testWorldOf(t testing.TB, n int, optsOf func(rank int) TCPOptions) []Comm {
 	for r := range n {
 		opts := optsOf(r)
 		opts.Host = "127.0.0.1"
-		if opts.getenv == nil {
-			opts.getenv = func(string) string { return "" }
-		}
 		wg.Go(func() { comms[r], errs[r] = NewTCP(ctx, store, r, n, opts) })
 	}
 	wg.Wait()

@@ -15,7 +15,7 @@ func hostsWorld(t testing.TB, hosts []int, opts TCPOptions) []Comm {
 	t.Helper()
 	return testWorldOf(t, len(hosts), func(r int) TCPOptions {
 		o := opts
-		o.hostID = fmt.Sprintf("test-host-%d", hosts[r])
+		o.HostID = fmt.Sprintf("test-host-%d", hosts[r])
 		return o
 	})
 }
@@ -70,7 +70,7 @@ func TestHierarchicalAllReduce(t *testing.T) {
 	for _, transport := range []string{"auto", "unix"} {
 		for _, hosts := range layouts {
 			t.Run(fmt.Sprintf("%s/%v", transport, hosts), func(t *testing.T) {
-				comms := hostsWorld(t, hosts, TCPOptions{Transport: transport, algo: "hier"})
+				comms := hostsWorld(t, hosts, TCPOptions{Transport: transport, Algorithm: "hier"})
 				if comms[0].(*comm).hier == nil {
 					t.Fatal("no hierarchy")
 				}
@@ -127,7 +127,7 @@ func TestHierarchicalMatchesFlat(t *testing.T) {
 	hosts := []int{0, 0, 1, 1}
 	results := map[string][]byte{}
 	for _, algo := range []string{"hier", "ring", "rhd", "rd"} {
-		comms := hostsWorld(t, hosts, TCPOptions{algo: algo})
+		comms := hostsWorld(t, hosts, TCPOptions{Algorithm: algo})
 		ctx := testContext(t, 20*time.Second)
 		bufs := make([][]byte, len(comms))
 		for r := range bufs {
@@ -186,7 +186,7 @@ func TestHierarchicalMismatch(t *testing.T) {
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			comms := hostsWorld(t, []int{0, 0, 1, 1}, TCPOptions{algo: "hier"})
+			comms := hostsWorld(t, []int{0, 0, 1, 1}, TCPOptions{Algorithm: "hier"})
 			ctx := testContext(t, 20*time.Second)
 			start := time.Now()
 			errs := onAll(comms, func(r int, c Comm) error {
@@ -213,7 +213,7 @@ func TestHierarchicalMismatch(t *testing.T) {
 func TestHierarchicalPeerDeath(t *testing.T) {
 	for _, victim := range []int{3, 2, 1} {
 		t.Run(fmt.Sprintf("rank %d", victim), func(t *testing.T) {
-			comms := hostsWorld(t, []int{0, 0, 1, 1}, TCPOptions{algo: "hier"})
+			comms := hostsWorld(t, []int{0, 0, 1, 1}, TCPOptions{Algorithm: "hier"})
 			closeDuringAllReduce(t, testContext(t, 60*time.Second), comms, victim, 4<<20)
 		})
 	}
@@ -226,7 +226,7 @@ func TestHierarchicalAllocatesNothing(t *testing.T) {
 		t.Log("allocations are not counted under the race detector")
 		return
 	}
-	comms := hostsWorld(t, []int{0, 0, 1, 1}, TCPOptions{algo: "hier"})
+	comms := hostsWorld(t, []int{0, 0, 1, 1}, TCPOptions{Algorithm: "hier"})
 	loop := newRankLoop(t, comms)
 	ctx := context.Background()
 	for _, size := range []int{8, 64 << 10, 3 << 20} {
@@ -269,7 +269,7 @@ func BenchmarkHierarchicalAllReduce(b *testing.B) {
 	for _, algo := range []string{"hier", "ring", "rhd"} {
 		for _, s := range benchSizes[1:] {
 			b.Run(fmt.Sprintf("%s/%s", algo, s.name), func(b *testing.B) {
-				comms := hostsWorld(b, []int{0, 0, 1, 1}, TCPOptions{algo: algo})
+				comms := hostsWorld(b, []int{0, 0, 1, 1}, TCPOptions{Algorithm: algo})
 				ctx := context.Background()
 				bufs := make([][]byte, len(comms))
 				for r := range bufs {

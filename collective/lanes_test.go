@@ -12,48 +12,61 @@ import (
 	"github.com/gorun/gorun/rendezvous"
 )
 
-func TestParseStreams(t *testing.T) {
+func TestCheckStreams(t *testing.T) {
 	for _, tc := range []struct {
-		n    int
-		env  string
-		want int
-		err  string
+		n, want int
+		err      string
 	}{
-		{0, "", defaultStreams, ""},
-		{0, "2", 2, ""},
-		{0, " 16 ", 16, ""},
-		{3, "9", 3, ""}, // the option wins
-		{0, "0", 0, "want 1 to 16"},
-		{0, "17", 0, "want 1 to 16"},
-		{0, "four", 0, `GORUN_TCP_STREAMS="four" is not a number`},
-		{-1, "", 0, "want 1 to 16"},
+		{0, defaultStreams, ""},
+		{1, 1, ""},
+		{16, 16, ""},
+		{17, 0, "want 1 to 16"},
+		{-1, 0, "want 1 to 16"},
 	} {
-		got, err := parseStreams(tc.n, tc.env)
+		got, err := checkStreams(tc.n)
 		if tc.err != "" {
 			if err == nil || !strings.Contains(err.Error(), tc.err) {
-				t.Errorf("parseStreams(%d, %q) = %d, %v; want an error saying %q", tc.n, tc.env, got, err, tc.err)
+				t.Errorf("checkStreams(%d) = %d, %v; want an error saying %q", tc.n, got, err, tc.err)
 			}
 			continue
 		}
 		if err != nil || got != tc.want {
-			t.Errorf("parseStreams(%d, %q) = %d, %v; want %d", tc.n, tc.env, got, err, tc.want)
+			t.Errorf("checkStreams(%d) = %d, %v; want %d", tc.n, got, err, tc.want)
 		}
 	}
 }
 
-// A bad GORUN_TCP_STREAMS fails NewTCP, saying what was wrong.
-func TestBadStreamsEnvironment(t *testing.T) {
-	store := rendezvous.NewMemoryStore(time.Second)
-	getenv := func(k string) string {
-		if k == "GORUN_TCP_STREAMS" {
-			return "-3"
+// TestTransportMode: TCPOnly means TCP whatever Transport says; names
+// are case- and space-insensitive; an unknown one is an error.
+func TestTransportMode(t *testing.T) {
+	for _, tc := range []struct {
+		transport string
+		tcpOnly   bool
+		want      string
+		err       string
+	}{
+		{"", false, "auto", ""},
+		{"auto", false, "auto", ""},
+		{" Unix ", false, "unix", ""},
+		{"tcp", false, "tcp", ""},
+		{"", true, "tcp", ""},
+		{"unix", true, "tcp", ""},
+		{"shm", false, "", `unknown transport "shm"`},
+	} {
+		got, err := TCPOptions{Transport: tc.transport, TCPOnly: tc.tcpOnly}.transportMode()
+		if got != tc.want || (err == nil) != (tc.err == "") || (err != nil && !strings.Contains(err.Error(), tc.err)) {
+			t.Errorf("Transport %q, TCPOnly %v: %q, %v; want %q, error %q", tc.transport, tc.tcpOnly, got, err, tc.want, tc.err)
 		}
-		return ""
 	}
-	c, err := NewTCP(context.Background(), store, 0, 1, TCPOptions{Host: "127.0.0.1", getenv: getenv})
+}
+
+// A bad number of streams fails NewTCP, saying what was wrong.
+func TestBadStreamsOption(t *testing.T) {
+	store := rendezvous.NewMemoryStore(time.Second)
+	c, err := NewTCP(context.Background(), store, 0, 1, TCPOptions{Host: "127.0.0.1", Streams: -3})
 	if err == nil {
 		c.Close()
-		t.Fatal("NewTCP accepted GORUN_TCP_STREAMS=-3")
+		t.Fatal("NewTCP accepted Streams: -3")
 	}
 	if !strings.Contains(err.Error(), "-3 TCP streams per peer: want 1 to 16") {
 		t.Fatalf("got %v", err)

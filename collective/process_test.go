@@ -66,8 +66,13 @@ func rankMain() int {
 	defer store.Close()
 	slot, _ := strconv.Atoi(os.Getenv(envSlot))
 	segment, _ := strconv.Atoi(os.Getenv(envSegment))
+	// NewTCP reads no environment; a rank process takes what runtime.Init
+	// would from the variables, so that GORUN_ALGO=ring go test -bench
+	// works as it does for a worker.
+	streams, _ := strconv.Atoi(os.Getenv("GORUN_TCP_STREAMS"))
 	c, err := NewTCP(ctx, store, rank, size, TCPOptions{
 		Host: "127.0.0.1", shmSlot: slot, segment: segment, noSingleCopy: os.Getenv(envNoSingleCopy) != "",
+		Transport: os.Getenv("GORUN_TRANSPORT"), Algorithm: os.Getenv("GORUN_ALGO"), Streams: streams,
 	})
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "join:", err)

@@ -2,9 +2,29 @@ package collective
 
 import (
 	"fmt"
+	goruntime "runtime"
 	"strings"
 	"testing"
 )
+
+// TestCommOwnsGOMAXPROCS: a process with one P has two while a
+// communicator is open, and one again once the last is closed.
+func TestCommOwnsGOMAXPROCS(t *testing.T) {
+	prev := goruntime.GOMAXPROCS(1)
+	t.Cleanup(func() { goruntime.GOMAXPROCS(prev) })
+	comms := testWorld(t, 2, TCPOptions{})
+	if got := goruntime.GOMAXPROCS(0); got != 2 {
+		t.Fatalf("GOMAXPROCS %d with communicators open, want 2", got)
+	}
+	comms[0].Close()
+	if got := goruntime.GOMAXPROCS(0); got != 2 {
+		t.Fatalf("GOMAXPROCS %d with one communicator still open, want 2", got)
+	}
+	comms[1].Close()
+	if got := goruntime.GOMAXPROCS(0); got != 1 {
+		t.Fatalf("GOMAXPROCS %d once every communicator closed, want 1 as before", got)
+	}
+}
 
 // TestProcsFloor: GOMAXPROCS is raised while transports are open and put
 // back when the last closes, unless someone else changed it meanwhile.

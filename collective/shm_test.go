@@ -55,26 +55,17 @@ func expectNoNewSegments(t testing.TB, before []string) {
 func TestSharedMemoryChoice(t *testing.T) {
 	for _, tc := range []struct {
 		opts   TCPOptions
-		env    string
 		shared bool
 	}{
-		{TCPOptions{}, "", true},
-		{TCPOptions{}, "auto", true},
-		{TCPOptions{}, "tcp", false},
-		{TCPOptions{}, "unix", false},
-		{TCPOptions{Transport: "unix"}, "auto", false},
-		{TCPOptions{TCPOnly: true}, "", false},
+		{TCPOptions{}, true},
+		{TCPOptions{Transport: "auto"}, true},
+		{TCPOptions{Transport: "tcp"}, false},
+		{TCPOptions{Transport: "unix"}, false},
+		{TCPOptions{TCPOnly: true}, false},
 	} {
-		t.Run(fmt.Sprintf("%+v/%q", tc.opts, tc.env), func(t *testing.T) {
+		t.Run(fmt.Sprintf("transport=%q/tcp-only=%v", tc.opts.Transport, tc.opts.TCPOnly), func(t *testing.T) {
 			before := sharedSegments(t)
-			opts := tc.opts
-			opts.getenv = func(k string) string {
-				if k == "GORUN_TRANSPORT" {
-					return tc.env
-				}
-				return ""
-			}
-			comms := testWorld(t, 3, opts)
+			comms := testWorld(t, 3, tc.opts)
 			for r, c := range comms {
 				if got := c.(*comm).t.shm != nil; got != tc.shared {
 					t.Errorf("rank %d: shared memory %v, want %v", r, got, tc.shared)
@@ -95,7 +86,7 @@ func TestSharedMemoryOneRankOptsOut(t *testing.T) {
 	store := rendezvous.NewMemoryStore(20 * time.Second)
 	comms := make([]Comm, 3)
 	errs := onAll(comms, func(r int, _ Comm) error {
-		opts := TCPOptions{Host: "127.0.0.1", getenv: func(string) string { return "" }}
+		opts := TCPOptions{Host: "127.0.0.1"}
 		if r == 1 {
 			opts.Transport = "unix"
 		}
@@ -128,7 +119,7 @@ func TestSharedMemoryBlocks(t *testing.T) {
 		for _, n := range []int{2, 3, 4} {
 			t.Run(fmt.Sprintf("%s/world=%d", algo, n), func(t *testing.T) {
 				name, variant, _ := strings.Cut(algo, "/")
-				comms := testWorld(t, n, TCPOptions{algo: name, shmSlot: 4 << 10, noSingleCopy: variant != ""})
+				comms := testWorld(t, n, TCPOptions{Algorithm: name, shmSlot: 4 << 10, noSingleCopy: variant != ""})
 				if cma := comms[0].(*comm).t.shm.cma; variant == "" {
 					t.Logf("single-copy reads between ranks: %v", cma)
 				} else if cma {

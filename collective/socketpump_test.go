@@ -771,7 +771,7 @@ func TestReadAheadIsBounded(t *testing.T) {
 func TestEarlyFramesLendTheirBuffers(t *testing.T) {
 	for _, algo := range []string{"ring", "rhd"} {
 		t.Run(algo, func(t *testing.T) {
-			comms := testWorld(t, 2, TCPOptions{TCPOnly: true, algo: algo, segment: 4 << 10})
+			comms := testWorld(t, 2, TCPOptions{TCPOnly: true, Algorithm: algo, segment: 4 << 10})
 			ctx := testContext(t, 30*time.Second)
 			tr := comms[1].(*comm).t
 			const count = 64 << 10

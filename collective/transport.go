@@ -713,4 +713,3 @@ func sameHost(hosts []string, rank int) []int {
 	}
 	return ranks
 }
-
