@@ -4,8 +4,9 @@
 // toolkit nor NCCL, and a machine without them gets an error to fall back
 // on rather than a binary that does not start.
 //
-//	drv, err := cuda.LoadDriver(ctx, cuda.Search{})   // *LoadError, *CUDAError
-//	nccl, err := cuda.LoadNCCL(ctx, cuda.Search{})    // *LoadError (too old, missing symbols, absent)
+//	search := cuda.Search{LookupEnv: os.LookupEnv}  // GORUN_CUDA_LIBRARY, GORUN_NCCL_LIBRARY
+//	drv, err := cuda.LoadDriver(ctx, search)         // *LoadError, *CUDAError
+//	nccl, err := cuda.LoadNCCL(ctx, search)          // *LoadError (too old, missing symbols, absent)
 //	dev, err := drv.OpenDevice(localRank)
 //	comm, err := nccl.NewComm(ctx, dev, cuda.CommConfig{Rank: rank, Size: world, Store: store, Key: "nccl/default"})
 //	buf, err := dev.Alloc(4 * n)
@@ -13,6 +14,11 @@
 //	w, err := comm.AllReduce(ctx, buf.Ptr(), buf.Ptr(), n, elem.Float32, elem.Sum)
 //	err = w.Wait(ctx)
 //	_, err = buf.ReadAt(data, 0)
+//
+// Element types and reduction operators are package collective/elem's,
+// which package collective shares. The package reads no environment
+// itself: the variables that name the libraries come through
+// Search.LookupEnv.
 //
 // Threads: CUDA makes a context current per OS thread, so each Device owns
 // a goroutine locked to its own thread, with the GPU's primary context

@@ -7,19 +7,19 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
-	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
 	"time"
 )
 
-// Search says where LoadDriver and LoadNCCL look for their library. The
-// zero Search looks where a worker should, in this order:
+// Search says where LoadDriver and LoadNCCL look for their library, in
+// this order:
 //
 //  1. the file named by the library's environment variable
-//     (GORUN_CUDA_LIBRARY, GORUN_NCCL_LIBRARY) and, when it is set,
-//     nowhere else: an explicit choice is never silently replaced;
+//     (GORUN_CUDA_LIBRARY, GORUN_NCCL_LIBRARY), read through LookupEnv,
+//     and, when it is set, nowhere else: an explicit choice is never
+//     silently replaced;
 //  2. the library's soname (libcuda.so.1, libnccl.so.2) on the dynamic
 //     loader's search path: LD_LIBRARY_PATH, the ldconfig cache, ...;
 //  3. the folders NVIDIA's Python wheels install it into, under every
@@ -31,7 +31,10 @@ import (
 // Candidates lists every file the search may meet and Probe says whether
 // it would take one, for reports such as gorun doctor's.
 type Search struct {
-	// LookupEnv reads the environment; nil means os.LookupEnv.
+	// LookupEnv reads the environment: the variables above and
+	// LD_LIBRARY_PATH (for Candidates). The package reads none itself; nil
+	// reads none at all. Programs pass os.LookupEnv, as runtime.Init does
+	// (through its own lookup) and gorun doctor.
 	LookupEnv func(key string) (string, bool)
 	// SitePackages lists Python's site-packages folders; nil asks Python,
 	// allowing it pythonTimeout.
@@ -196,7 +199,7 @@ func (s Search) load(ctx context.Context, lib librarySpec, check func(h uintptr)
 
 func (s Search) lookupEnv() func(string) (string, bool) {
 	if s.LookupEnv == nil {
-		return os.LookupEnv
+		return func(string) (string, bool) { return "", false }
 	}
 	return s.LookupEnv
 }
