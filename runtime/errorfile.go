@@ -19,8 +19,12 @@ const errorFileEnv = "TORCHELASTIC_ERROR_FILE"
 // exiting on an error. When err blames another rank (a peer that died or
 // failed first), the record says so, and gorun never takes this worker for
 // the root cause. Without TORCHELASTIC_ERROR_FILE it does nothing.
-func RecordError(err error) error {
-	path := os.Getenv(errorFileEnv)
+//
+// Of opts, Init's options, only WithLookupEnv matters here: it reads the
+// variable as Init would.
+func RecordError(err error, opts ...Option) error {
+	cfg := newConfig(opts)
+	path, _ := cfg.lookupEnv(errorFileEnv)
 	if err == nil || path == "" {
 		return nil
 	}

@@ -42,3 +42,24 @@ func TestRecordErrorWritesTorchelasticFormat(t *testing.T) {
 		}
 	}
 }
+
+// TestRecordErrorReadsThroughTheLookup: given WithLookupEnv, RecordError
+// reads the variable there, not in the process's environment, and does
+// nothing where it is unset.
+func TestRecordErrorReadsThroughTheLookup(t *testing.T) {
+	dir := t.TempDir()
+	process, given := filepath.Join(dir, "process.json"), filepath.Join(dir, "given.json")
+	t.Setenv(errorFileEnv, process)
+	if err := RecordError(errors.New("boom"), withEnv(map[string]string{errorFileEnv: given})); err != nil {
+		t.Fatal(err)
+	}
+	if err := RecordError(errors.New("boom"), withEnv(nil)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(given); err != nil {
+		t.Errorf("the lookup's error file: %v", err)
+	}
+	if _, err := os.Stat(process); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("the process's error file was written (stat: %v); the lookup should have been the only source", err)
+	}
+}

@@ -12,6 +12,12 @@ import (
 	"github.com/gorun/gorun/rendezvous"
 )
 
+// withEnv makes Init read env instead of the process's environment, so
+// that no test sees the shell it runs in.
+func withEnv(env map[string]string) Option {
+	return WithLookupEnv(func(name string) (string, bool) { v, ok := env[name]; return v, ok })
+}
+
 // onRanks runs body on every rank of a world of n ranks joined by fake
 // communicators, through Init, and fails the test with each rank's error.
 func onRanks(t *testing.T, n int, body func(pg *ProcessGroup) error, opts ...Option) {
@@ -40,7 +46,9 @@ func runRanks(t testing.TB, n int, body func(pg *ProcessGroup) error, optionsOf 
 	var wg sync.WaitGroup
 	for r := range n {
 		wg.Go(func() {
-			base := []Option{WithRank(r, n), WithTimeout(20 * time.Second)} // a hang fails the test, not the run
+			// No environment unless the test gives one; a hang fails the
+			// test, not the run.
+			base := []Option{withEnv(nil), WithRank(r, n), WithTimeout(20 * time.Second)}
 			pg, err := Init(context.Background(), append(base, optionsOf(r)...)...)
 			if err != nil {
 				errs[r] = err

@@ -1,6 +1,7 @@
 package runtime
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -33,12 +34,16 @@ type config struct {
 	rank      int
 	worldSize int // positive when given by WithRank
 	host      string
+	transport string // WithTransport; "" leaves it to the environment
+	streams   int    // WithTCPStreams; 0 leaves it to the environment
 	eager     bool
 	log       zerolog.Logger
+	// lookupEnv is the only way the package reads the environment
+	// (os.LookupEnv unless WithLookupEnv).
+	lookupEnv func(string) (string, bool)
 
-	// Seams for tests, which may not touch the process's environment nor
-	// listen beyond the loopback interface, and may bring a backend.
-	lookupEnv  func(string) (string, bool)
+	// Seams for tests, which may not listen beyond the loopback
+	// interface, and may bring a backend.
 	listenHost string    // where rank 0 hosts the store; "" is every interface
 	connect    connector // replaces the backend when not nil
 }
@@ -77,6 +82,26 @@ func WithRank(rank, worldSize int) Option {
 // to MASTER_ADDR, else one the host name resolves to.
 func WithHost(host string) Option { return func(c *config) { c.host = host } }
 
+// WithTransport chooses how ranks on one host talk, instead of
+// GORUN_TRANSPORT and GORUN_TCP_ONLY: "auto" (shared memory when every
+// rank shares the host, Unix sockets between same-host peers otherwise),
+// "unix" (Unix sockets, no shared memory) or "tcp" (TCP between all
+// peers). See collective.TCPOptions.Transport.
+func WithTransport(mode string) Option { return func(c *config) { c.transport = mode } }
+
+// WithTCPStreams sets how many TCP connections each way a rank asks for
+// with each peer on another host, 1 to 16 (default 4), instead of
+// GORUN_TCP_STREAMS.
+func WithTCPStreams(n int) Option { return func(c *config) { c.streams = n } }
+
+// WithLookupEnv makes Init and RecordError read the variables through
+// lookup instead of the process's environment (os.LookupEnv): for ranks
+// run as goroutines of one process, or a program that keeps its settings
+// elsewhere. A variable lookup does not know is unset.
+func WithLookupEnv(lookup func(name string) (string, bool)) Option {
+	return func(c *config) { c.lookupEnv = lookup }
+}
+
 // WithEagerConnect makes Init connect to every peer at once, so that a
 // network problem shows at start-up rather than at the first collective
 // that needs the peer; by default connections are made on first use.
@@ -84,13 +109,6 @@ func WithEagerConnect() Option { return func(c *config) { c.eager = true } }
 
 // WithLogger makes the runtime log to log (default: nowhere).
 func WithLogger(log zerolog.Logger) Option { return func(c *config) { c.log = log } }
-
-// withEnv makes Init read env instead of the process's environment.
-func withEnv(env map[string]string) Option {
-	return func(c *config) {
-		c.lookupEnv = func(name string) (string, bool) { v, ok := env[name]; return v, ok }
-	}
-}
 
 // withListenHost makes rank 0 host the store on host only.
 func withListenHost(host string) Option { return func(c *config) { c.listenHost = host } }
@@ -115,13 +133,14 @@ func withConnector(connect connector) Option { return func(c *config) { c.connec
 //   - GORUN_BACKEND, unless WithBackend chooses the backend; with NCCL,
 //     CUDA_VISIBLE_DEVICES, and GORUN_CUDA_LIBRARY and GORUN_NCCL_LIBRARY
 //     to name the libraries' files (see package cuda).
+//   - for the TCP backend (package collective, which reads no environment
+//     itself): GORUN_SOCKET_IFNAME, GLOO_SOCKET_IFNAME, GORUN_TRANSPORT,
+//     GORUN_TCP_ONLY, GORUN_TCP_STREAMS, GORUN_ALGO, GORUN_HOST_ID.
 //
-// Every rank must call Init, and Close the group it returns.
+// An option wins over its variable; the package documentation has the
+// table. Every rank must call Init, and Close the group it returns.
 func Init(ctx context.Context, opts ...Option) (*ProcessGroup, error) {
-	cfg := config{timeout: DefaultTimeout, log: zerolog.Nop(), lookupEnv: os.LookupEnv}
-	for _, opt := range opts {
-		opt(&cfg)
-	}
+	cfg := newConfig(opts)
 	if cfg.timeout <= 0 {
 		return nil, fmt.Errorf("runtime: timeout %s is not positive", cfg.timeout)
 	}
@@ -134,7 +153,10 @@ func Init(ctx context.Context, opts ...Option) (*ProcessGroup, error) {
 		return nil, err
 	}
 	log := cfg.log.With().Int("rank", env.rank).Logger()
-	connect := cfg.hostBackend(env, log)
+	connect, err := cfg.hostBackend(env, log)
+	if err != nil {
+		return nil, err
+	}
 	if _, ok := ctx.Deadline(); !ok {
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithTimeout(ctx, cfg.timeout)
@@ -180,6 +202,15 @@ func Init(ctx context.Context, opts ...Option) (*ProcessGroup, error) {
 	}
 	log.Debug().Int("world_size", env.worldSize).Str("backend", using).Msg("joined")
 	return newMember(j, worldID, everyRank(env.worldSize), comm, p2p, nccl), nil
+}
+
+// newConfig is the defaults, then opts in order.
+func newConfig(opts []Option) config {
+	cfg := config{timeout: DefaultTimeout, log: zerolog.Nop(), lookupEnv: os.LookupEnv}
+	for _, opt := range opts {
+		opt(&cfg)
+	}
+	return cfg
 }
 
 // connectWorld builds the world's communicators: one for collectives and
@@ -299,14 +330,54 @@ type connector func(ctx context.Context, store rendezvous.Store) (collective.Com
 
 // hostBackend returns the connector of the TCP and shared-memory
 // backend, which every group has for host tensors, or a test's.
-func (c *config) hostBackend(env launchEnv, log zerolog.Logger) connector {
+func (c *config) hostBackend(env launchEnv, log zerolog.Logger) (connector, error) {
 	if c.connect != nil {
-		return c.connect
+		return c.connect, nil
 	}
-	opts := collective.TCPOptions{Logger: log, Host: c.host, Eager: c.eager}
+	opts, err := c.tcpOptions()
+	if err != nil {
+		return nil, err
+	}
+	opts.Logger = log
 	return func(ctx context.Context, store rendezvous.Store) (collective.Comm, error) {
 		return collective.NewTCP(ctx, store, env.rank, env.worldSize, opts)
+	}, nil
+}
+
+// defaultMasterPort is torchrun's MASTER_PORT when it is not set.
+const defaultMasterPort = "29500"
+
+// tcpOptions are the TCP backend's settings: each from its option, else
+// from its variable, else collective's default (the table in doc.go).
+func (c *config) tcpOptions() (collective.TCPOptions, error) {
+	r := envReader{lookup: c.lookupEnv}
+	opts := collective.TCPOptions{
+		Host:      c.host,
+		Eager:     c.eager,
+		Transport: c.transport,
+		Streams:   c.streams,
+		Algorithm: r.optionalString("GORUN_ALGO"),
+		HostID:    r.optionalString("GORUN_HOST_ID"),
 	}
+	if opts.Host == "" {
+		opts.Ifname = cmp.Or(r.optionalString("GORUN_SOCKET_IFNAME"), r.optionalString("GLOO_SOCKET_IFNAME"))
+		if addr := r.optionalString("MASTER_ADDR"); addr != "" {
+			opts.StoreAddr = net.JoinHostPort(addr, cmp.Or(r.optionalString("MASTER_PORT"), defaultMasterPort))
+		}
+	}
+	if opts.Transport == "" {
+		// GORUN_TCP_ONLY=1 says TCP whatever GORUN_TRANSPORT says, as
+		// TCPOptions.TCPOnly does of Transport; WithTransport beats both.
+		if r.optionalString("GORUN_TCP_ONLY") == "1" {
+			opts.Transport = "tcp"
+		} else {
+			opts.Transport = r.optionalString("GORUN_TRANSPORT")
+		}
+	}
+	if opts.Streams == 0 {
+		opts.Streams = r.optionalInt("GORUN_TCP_STREAMS", 0, 1)
+	}
+	return opts, r.err
 }
 
 // openStore returns the store the ranks meet through, adding what must be

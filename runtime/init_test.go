@@ -5,6 +5,7 @@ import (
 	"errors"
 	"net"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 
@@ -48,6 +49,8 @@ func TestInitEnvironmentErrors(t *testing.T) {
 		{with(map[string]string{"GORUN_BACKEND": "gloo"}), nil, `runtime: unknown GORUN_BACKEND=gloo: want auto, tcp or nccl`},
 		{full, []Option{WithBackend("mpi")}, `runtime: unknown backend "mpi": want auto, tcp or nccl`},
 		{full, []Option{WithTimeout(-1)}, "runtime: timeout -1ns is not positive"},
+		{with(map[string]string{"GORUN_TCP_STREAMS": "four"}), nil, `runtime: GORUN_TCP_STREAMS="four" is not an integer`},
+		{with(map[string]string{"GORUN_TCP_STREAMS": "0"}), nil, "runtime: GORUN_TCP_STREAMS=0 is less than 1"},
 	} {
 		pg, err := Init(t.Context(), append([]Option{withEnv(tc.env)}, tc.opts...)...)
 		if err == nil || err.Error() != tc.want {
@@ -172,5 +175,88 @@ func TestInitOptionsOverrideTheEnvironment(t *testing.T) {
 	defer pg.Close()
 	if pg.Size() != 1 || pg.LocalRank() != 0 || pg.LocalWorldSize() != 1 || pg.Timeout() != DefaultTimeout {
 		t.Errorf("got %s, local rank %d of %d, timeout %s", pg, pg.LocalRank(), pg.LocalWorldSize(), pg.Timeout())
+	}
+}
+
+// TestSettingsPrecedence is the table of runtime's package documentation:
+// an option in code wins over its environment variable, which wins over
+// the default; GORUN_TCP_ONLY=1 wins over GORUN_TRANSPORT, and
+// WithTransport over both.
+func TestSettingsPrecedence(t *testing.T) {
+	// settings is what Init hands the backends, less the logger.
+	type settings struct {
+		backend, host, ifname, storeAddr, transport, algorithm, hostID string
+		streams                                                        int
+	}
+	none := settings{backend: "auto"}
+	with := func(change func(*settings)) settings { s := none; change(&s); return s }
+	for _, tc := range []struct {
+		name string
+		env  map[string]string
+		opts []Option
+		want settings
+	}{
+		{"defaults", nil, nil, none},
+
+		{"backend from the environment", map[string]string{"GORUN_BACKEND": "nccl"}, nil, with(func(s *settings) { s.backend = "nccl" })},
+		{"WithBackend beats GORUN_BACKEND", map[string]string{"GORUN_BACKEND": "nccl"}, []Option{WithBackend("tcp")}, with(func(s *settings) { s.backend = "tcp" })},
+
+		{"transport from GORUN_TRANSPORT", map[string]string{"GORUN_TRANSPORT": "unix"}, nil, with(func(s *settings) { s.transport = "unix" })},
+		{"GORUN_TCP_ONLY=1 beats GORUN_TRANSPORT", map[string]string{"GORUN_TRANSPORT": "unix", "GORUN_TCP_ONLY": "1"}, nil, with(func(s *settings) { s.transport = "tcp" })},
+		{"GORUN_TCP_ONLY other than 1 is unset", map[string]string{"GORUN_TRANSPORT": "unix", "GORUN_TCP_ONLY": "0"}, nil, with(func(s *settings) { s.transport = "unix" })},
+		{"WithTransport beats GORUN_TCP_ONLY", map[string]string{"GORUN_TCP_ONLY": "1"}, []Option{WithTransport("unix")}, with(func(s *settings) { s.transport = "unix" })},
+		{"WithTransport beats GORUN_TRANSPORT", map[string]string{"GORUN_TRANSPORT": "tcp"}, []Option{WithTransport("auto")}, with(func(s *settings) { s.transport = "auto" })},
+
+		{"streams from GORUN_TCP_STREAMS", map[string]string{"GORUN_TCP_STREAMS": "2"}, nil, with(func(s *settings) { s.streams = 2 })},
+		{"WithTCPStreams beats GORUN_TCP_STREAMS", map[string]string{"GORUN_TCP_STREAMS": "2"}, []Option{WithTCPStreams(8)}, with(func(s *settings) { s.streams = 8 })},
+
+		{"GORUN_SOCKET_IFNAME beats GLOO_SOCKET_IFNAME", map[string]string{"GORUN_SOCKET_IFNAME": "eth1", "GLOO_SOCKET_IFNAME": "eth2"}, nil, with(func(s *settings) { s.ifname = "eth1" })},
+		{"GLOO_SOCKET_IFNAME alone", map[string]string{"GLOO_SOCKET_IFNAME": "eth2"}, nil, with(func(s *settings) { s.ifname = "eth2" })},
+		{"the route to the store", map[string]string{"MASTER_ADDR": "10.1.2.3", "MASTER_PORT": "1234"}, nil, with(func(s *settings) { s.storeAddr = "10.1.2.3:1234" })},
+		{"the route to the store, torchrun's port", map[string]string{"MASTER_ADDR": "fd00::1"}, nil, with(func(s *settings) { s.storeAddr = "[fd00::1]:29500" })},
+		{"WithHost beats the interface and the route", map[string]string{"GORUN_SOCKET_IFNAME": "eth1", "MASTER_ADDR": "10.1.2.3"}, []Option{WithHost("10.0.0.7")}, with(func(s *settings) { s.host = "10.0.0.7" })},
+
+		{"algorithm and host identity from the environment only", map[string]string{"GORUN_ALGO": "ring", "GORUN_HOST_ID": "h1"}, nil, with(func(s *settings) { s.algorithm, s.hostID = "ring", "h1" })},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg := newConfig(append([]Option{withEnv(tc.env)}, tc.opts...))
+			backend, err := cfg.backendName()
+			if err != nil {
+				t.Fatal(err)
+			}
+			opts, err := cfg.tcpOptions()
+			if err != nil {
+				t.Fatal(err)
+			}
+			got := settings{backend, opts.Host, opts.Ifname, opts.StoreAddr, opts.Transport, opts.Algorithm, opts.HostID, opts.Streams}
+			if got != tc.want {
+				t.Errorf("env %v, %d options:\n got  %+v\n want %+v", tc.env, len(tc.opts), got, tc.want)
+			}
+		})
+	}
+}
+
+// TestSettingsReachTheBackend: what tcpOptions resolves is what NewTCP
+// gets, as its own checks show.
+func TestSettingsReachTheBackend(t *testing.T) {
+	for _, tc := range []struct {
+		env  map[string]string
+		opts []Option
+		want string
+	}{
+		{map[string]string{"GORUN_TCP_STREAMS": "99"}, nil, "collective: 99 TCP streams per peer: want 1 to 16"},
+		{map[string]string{"GORUN_TCP_STREAMS": "99"}, []Option{WithTCPStreams(17)}, "collective: 17 TCP streams per peer: want 1 to 16"},
+		{map[string]string{"GORUN_TRANSPORT": "shm"}, nil, `collective: unknown transport "shm"`},
+		{map[string]string{"GORUN_TCP_ONLY": "1"}, []Option{WithTransport("carrier-pigeon")}, `collective: unknown transport "carrier-pigeon"`},
+		{map[string]string{"GORUN_ALGO": "bogo"}, nil, `collective: unknown algorithm "bogo"`},
+	} {
+		opts := append([]Option{withEnv(tc.env), WithRank(0, 1), WithStore(rendezvous.NewMemoryStore(0)), WithHost("127.0.0.1")}, tc.opts...)
+		pg, err := Init(t.Context(), opts...)
+		if err == nil {
+			pg.Close()
+		}
+		if err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("env %v, %d options: got %v, want an error saying %q", tc.env, len(tc.opts), err, tc.want)
+		}
 	}
 }

@@ -6,7 +6,9 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -174,7 +176,9 @@ func TestInitFromTorchrunEnvironment(t *testing.T) {
 	for r := range world {
 		wg.Go(func() {
 			cmd := exec.CommandContext(t.Context(), os.Args[0], "-test.run=^TestInitFromTorchrunEnvironment$", "-test.count=1")
-			cmd.Env = append(os.Environ(), childEnv+"=1", "TORCHELASTIC_USE_AGENT_STORE=True", "TORCHELASTIC_RESTART_COUNT=2")
+			// The child's Init reads the process's environment: give it
+			// torchrun's, without the shell's settings for the runtime.
+			cmd.Env = append(withoutRuntimeEnv(os.Environ()), childEnv+"=1", "TORCHELASTIC_USE_AGENT_STORE=True", "TORCHELASTIC_RESTART_COUNT=2")
 			for k, v := range torchrunEnv(r, world, addr) {
 				cmd.Env = append(cmd.Env, k+"="+v)
 			}
@@ -208,4 +212,18 @@ func torchrunWorker(t *testing.T) {
 	if pg.Rank() != rank || pg.LocalRank() != rank%2 || x[0] != 6 {
 		t.Fatalf("rank %d (local %d): sum %d, want 6", pg.Rank(), pg.LocalRank(), x[0])
 	}
+}
+
+// withoutRuntimeEnv is environ less the variables Init reads, so that a
+// child's Init sees only what its test gives it.
+func withoutRuntimeEnv(environ []string) []string {
+	read := func(name string) bool {
+		for _, prefix := range []string{"GORUN_", "TORCHELASTIC_", "GLOO_", "CUDA_", "MASTER_", "RANK=", "WORLD_SIZE=", "LOCAL_RANK=", "LOCAL_WORLD_SIZE="} {
+			if strings.HasPrefix(name, prefix) {
+				return true
+			}
+		}
+		return false
+	}
+	return slices.DeleteFunc(slices.Clone(environ), read)
 }
