@@ -38,7 +38,7 @@ func doctorCommand(stdout io.Writer) *cli.Command {
 			if err != nil {
 				return usageError{err}
 			}
-			return doctor.Write(c.Context, stdout, doctor.Config{StorePort: port, Python: inheritedString(c, "python")})
+			return doctor.Write(c.Context, stdout, doctor.Config{StorePort: port, Python: inheritedString(c, "python"), LookupEnv: os.LookupEnv, Environ: os.Environ})
 		},
 	}
 }

@@ -26,7 +26,9 @@ import (
 )
 
 // Config is what the report is about. The fields after Python stand in for
-// the node; nil reads this node's.
+// the node; nil reads this node's, except the environment, which the
+// package never reads itself: nil LookupEnv and Environ are empty, and
+// gorun doctor passes os.LookupEnv and os.Environ.
 type Config struct {
 	// StorePort is the port a job here would host its store on.
 	StorePort StorePort
@@ -34,8 +36,8 @@ type Config struct {
 	// empty means $PYTHON_EXEC, else python3.
 	Python string
 
-	LookupEnv  func(key string) (string, bool)                          // os.LookupEnv
-	Environ    func() []string                                          // os.Environ
+	LookupEnv  func(key string) (string, bool)                          // nil: nothing is set
+	Environ    func() []string                                          // nil: empty
 	Hostname   func() (string, error)                                   // os.Hostname
 	LookupHost func(ctx context.Context, host string) ([]string, error) // net.DefaultResolver.LookupHost
 	Interfaces func() ([]Interface, error)                              // net.Interfaces
@@ -50,10 +52,10 @@ type Config struct {
 // withDefaults fills the fields left nil with this node's.
 func (c Config) withDefaults() Config {
 	if c.LookupEnv == nil {
-		c.LookupEnv = os.LookupEnv
+		c.LookupEnv = func(string) (string, bool) { return "", false }
 	}
 	if c.Environ == nil {
-		c.Environ = os.Environ
+		c.Environ = func() []string { return nil }
 	}
 	if c.Hostname == nil {
 		c.Hostname = os.Hostname
