@@ -48,8 +48,8 @@ func (a algorithm) String() string {
 	return fmt.Sprintf("algorithm(%d)", uint8(a))
 }
 
-// parseAlgorithm reads GORUN_ALGO: "" or "auto" for the defaults, else one
-// of the names above.
+// parseAlgorithm reads TCPOptions.Algorithm (GORUN_ALGO, through
+// runtime): "" or "auto" for the defaults, else one of the names above.
 func parseAlgorithm(s string) (algorithm, error) {
 	s = strings.ToLower(strings.TrimSpace(s))
 	if s == "" {

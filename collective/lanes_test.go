@@ -15,7 +15,7 @@ import (
 func TestCheckStreams(t *testing.T) {
 	for _, tc := range []struct {
 		n, want int
-		err      string
+		err     string
 	}{
 		{0, defaultStreams, ""},
 		{1, 1, ""},

@@ -178,7 +178,7 @@ type shmWorld struct {
 // whole world, or one host's ranks of a job that spans hosts (see
 // hierarchy.go). Regions are indexed by member. It returns nil, and no
 // error, when the members cannot or will not all use it
-// (GORUN_TRANSPORT, a full /dev/shm): every member reaches the same
+// (TCPOptions.Transport, a full /dev/shm): every member reaches the same
 // verdict, from what they published in the store.
 func setupShm(ctx context.Context, store rendezvous.Store, members []int, me, slot int, want, singleCopy bool, log zerolog.Logger) (*shmWorld, error) {
 	size, rank := len(members), me
