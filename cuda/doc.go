@@ -4,7 +4,7 @@
 // toolkit nor NCCL, and a machine without them gets an error to fall back
 // on rather than a binary that does not start.
 //
-//	search := cuda.Search{LookupEnv: os.LookupEnv}  // GORUN_CUDA_LIBRARY, GORUN_NCCL_LIBRARY
+//	search := cuda.Search{LookupEnv: lookupEnv}      // GORUN_CUDA_LIBRARY, GORUN_NCCL_LIBRARY
 //	drv, err := cuda.LoadDriver(ctx, search)         // *LoadError, *CUDAError
 //	nccl, err := cuda.LoadNCCL(ctx, search)          // *LoadError (too old, missing symbols, absent)
 //	dev, err := drv.OpenDevice(localRank)

@@ -33,8 +33,8 @@ import (
 type Search struct {
 	// LookupEnv reads the environment: the variables above and
 	// LD_LIBRARY_PATH (for Candidates). The package reads none itself; nil
-	// reads none at all. Programs pass os.LookupEnv, as runtime.Init does
-	// (through its own lookup) and gorun doctor.
+	// reads none at all. Programs pass the os package's LookupEnv, as
+	// gorun doctor does; runtime.Init passes its own lookup.
 	LookupEnv func(key string) (string, bool)
 	// SitePackages lists Python's site-packages folders; nil asks Python,
 	// allowing it pythonTimeout.
