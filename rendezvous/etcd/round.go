@@ -3,8 +3,12 @@ package etcd
 import (
 	"context"
 	"encoding/json"
+	"cmp"
 	"errors"
 	"fmt"
+	"slices"
+	"strings"
+	"sync"
 	"time"
 
 	"go.etcd.io/etcd/api/v3/mvccpb"
@@ -102,7 +106,7 @@ type snapshot struct {
 	state    jobState
 	arrivals int
 	lastCall bool
-	roster   *roster
+	decision *decision
 }
 
 func (h *Handler) snapshot(ctx context.Context, r int) (snapshot, error) {
@@ -128,11 +132,11 @@ func (h *Handler) snapshot(ctx context.Context, r int) (snapshot, error) {
 		case h.k(lastCallKey(r)):
 			s.lastCall = true
 		case h.k(finalKey(r)):
-			var ro roster
-			if err := json.Unmarshal(kv.Value, &ro); err != nil {
-				return s, fmt.Errorf("rendezvous/etcd: roster of round %d: %w", r, err)
+			var d decision
+			if err := json.Unmarshal(kv.Value, &d); err != nil {
+				return s, fmt.Errorf("rendezvous/etcd: decision of round %d: %w", r, err)
 			}
-			s.roster = &ro
+			s.decision = &d
 		}
 	}
 	return s, nil
@@ -178,19 +182,24 @@ func (h *Handler) join(ctx context.Context, st jobState, lease clientv3.LeaseID,
 			lastCall = now
 		}
 		v := view{
-			moved: s.state != st, arrivals: s.arrivals, roster: s.roster,
+			moved: s.state != st, arrivals: s.arrivals, decided: s.decision != nil,
 			lastCallDue:  !lastCall.IsZero() && !now.Before(lastCall.Add(o.LastCallTimeout)),
 			pastDeadline: !now.Before(*deadline),
 			minNodes:     o.MinNodes, maxNodes: o.MaxNodes,
 		}
-		if s.roster != nil {
-			_, v.member = s.roster.placeOf(o.NodeID)
+		var me seat
+		if d := s.decision; d != nil && d.N > 0 && !v.moved {
+			v.size = d.N
+			if me, v.member, err = h.seatOf(ctx, r, *d, o.NodeID); err != nil {
+				h.giveUp(ctx, key)
+				return nil, err
+			}
 		}
 		switch nextStep(v) {
 		case stepRetry:
 			return nil, nil
 		case stepTakePart:
-			return h.takePart(st, *s.roster, s.rev)
+			return h.takePart(st, *s.decision, me, s.rev)
 		case stepDecide:
 			if err := h.decide(ctx, st, false); err != nil {
 				h.giveUp(ctx, key)
@@ -216,7 +225,7 @@ func (h *Handler) join(ctx context.Context, st jobState, lease clientv3.LeaseID,
 			return nil, nil
 		case stepOpenNext:
 			reason := fmt.Sprintf("node %s on %s waits to join (round %d has %d of max %d nodes)",
-				o.NodeID, o.Host, r, len(s.roster.Nodes), o.MaxNodes)
+				o.NodeID, o.Host, r, s.decision.N, o.MaxNodes)
 			_, err := h.advance(ctx, st, st.next(st.restarts, running), reason)
 			return nil, err
 		}
@@ -305,13 +314,86 @@ func (h *Handler) awaitChange(ctx context.Context, st jobState, rev int64, prefi
 	return context.Cause(ctx)
 }
 
-// decide fixes round st.round's roster, unless fixed already: its first
-// MaxNodes joiners, by arrival, or none when void.
+// seatOf reads member id's seat in round r, decided as d; ok is false
+// when id is not a member.
+func (h *Handler) seatOf(ctx context.Context, r int, d decision, id string) (s seat, ok bool, err error) {
+	rctx, cancel := h.request(ctx)
+	defer cancel()
+	resp, err := h.kv.Get(rctx, h.k(seatKey(r, d.By, id)))
+	if err != nil {
+		return s, false, h.unreachable(ctx, fmt.Sprintf("read a seat in round %d", r), err)
+	}
+	if len(resp.Kvs) == 0 {
+		return s, false, nil
+	}
+	if err := json.Unmarshal(resp.Kvs[0].Value, &s); err != nil {
+		return s, false, fmt.Errorf("rendezvous/etcd: seat of %s in round %d: %w", id, r, err)
+	}
+	return s, true, nil
+}
+
+// seats reads every seat of round r, decided as d, in group-rank order:
+// O(n) bytes, for reports and for the rare calls that need every member.
+func (h *Handler) seats(ctx context.Context, r int, d decision) ([]seat, error) {
+	rctx, cancel := h.request(ctx)
+	defer cancel()
+	resp, err := h.kv.Get(rctx, h.k(seatsKey(r, d.By)), clientv3.WithPrefix())
+	if err != nil {
+		return nil, h.unreachable(ctx, fmt.Sprintf("read the seats of round %d", r), err)
+	}
+	seats := make([]seat, len(resp.Kvs))
+	for i, kv := range resp.Kvs {
+		if err := json.Unmarshal(kv.Value, &seats[i]); err != nil {
+			return nil, fmt.Errorf("rendezvous/etcd: seat %s of round %d: %w", kv.Key, r, err)
+		}
+	}
+	slices.SortFunc(seats, func(a, b seat) int { return cmp.Compare(a.GroupRank, b.GroupRank) })
+	return seats, nil
+}
+
+// seatBatch is how many seats one transaction writes: etcd refuses
+// transactions of more than --max-txn-ops operations, 128 by default.
+const seatBatch = 128
+
+// putSeats writes the seats of round r, decided by by, a few batches at a
+// time.
+func (h *Handler) putSeats(ctx context.Context, r int, by string, seats []seat) error {
+	var wg sync.WaitGroup
+	errs := make(chan error, len(seats)/seatBatch+1)
+	sem := make(chan struct{}, 8)
+	for lo := 0; lo < len(seats); lo += seatBatch {
+		batch := seats[lo:min(lo+seatBatch, len(seats))]
+		ops := make([]clientv3.Op, len(batch))
+		for i, s := range batch {
+			b, err := json.Marshal(s)
+			if err != nil {
+				return err
+			}
+			ops[i] = clientv3.OpPut(h.k(seatKey(r, by, s.ID)), string(b))
+		}
+		wg.Go(func() {
+			sem <- struct{}{}
+			defer func() { <-sem }()
+			if _, err := h.kv.Txn(ctx).Then(ops...).Commit(); err != nil {
+				errs <- err
+			}
+		})
+	}
+	wg.Wait()
+	close(errs)
+	return <-errs
+}
+
+// decide fixes round st.round's members, unless fixed already: its first
+// MaxNodes joiners, by arrival, or none when void. It writes their seats
+// first, under its own name, so that a member that sees the decision
+// finds its seat; a decider that loses the race leaves seats that nobody
+// reads.
 func (h *Handler) decide(ctx context.Context, st jobState, void bool) error {
 	o, r := h.opts, st.round
 	rctx, cancel := h.request(ctx)
 	defer cancel()
-	var ro roster
+	var d decision
 	if !void {
 		resp, err := h.kv.Get(rctx, h.k(nodesKey(r)), clientv3.WithPrefix(),
 			clientv3.WithSort(clientv3.SortByCreateRevision, clientv3.SortAscend), clientv3.WithLimit(int64(o.MaxNodes)))
@@ -333,9 +415,13 @@ func (h *Handler) decide(ctx context.Context, st jobState, void bool) error {
 				ms[i].Since = kv.CreateRevision
 			}
 		}
-		ro = roster{Rev: resp.Header.Revision, Nodes: order(ms)}
+		var seats []seat
+		d, seats = roster{Rev: resp.Header.Revision, Nodes: order(ms)}.decide(o.NodeID)
+		if err := h.putSeats(rctx, r, o.NodeID, seats); err != nil {
+			return h.unreachable(ctx, fmt.Sprintf("decide round %d", r), err)
+		}
 	}
-	b, err := json.Marshal(ro)
+	b, err := json.Marshal(d)
 	if err != nil {
 		return err
 	}
@@ -364,25 +450,24 @@ func (h *Handler) giveUp(ctx context.Context, key string) {
 	_, _ = h.kv.Delete(wctx, key)
 }
 
-// takePart makes this node's round from the roster it read at rev, and
-// watches it.
-func (h *Handler) takePart(st jobState, ro roster, rev int64) (*rendezvous.Round, error) {
+// takePart makes this node's round from the decision it read at rev and
+// its seat, and watches it.
+func (h *Handler) takePart(st jobState, d decision, me seat, rev int64) (*rendezvous.Round, error) {
 	o := h.opts
-	p, _ := ro.placeOf(o.NodeID)
-	ri := rendezvous.NewRoundInfo(st.round, st.restarts, p.groupRank, len(ro.Nodes), p.firstRank, p.worldSize)
+	ri := rendezvous.NewRoundInfo(st.round, st.restarts, me.GroupRank, d.N, me.FirstRank, d.World)
 	h.mu.Lock()
 	if h.self.Since == 0 {
-		h.self.Since = ro.Nodes[p.groupRank].Since
+		h.self.Since = me.Since
 	}
-	h.round, h.state, h.roster = ri, st, ro
-	h.stopWatch = h.watchRound(ri, st, ro, rev)
+	h.round, h.state, h.decision = ri, st, d
+	h.stopWatch = h.watchRound(ri, st, d, rev)
 	h.mu.Unlock()
-	h.log.Info().Int("round", st.round).Int("restarts", st.restarts).Int("group_rank", p.groupRank).
-		Int("nodes", len(ro.Nodes)).Int("world_size", p.worldSize).Msg("round complete")
+	h.log.Info().Int("round", st.round).Int("restarts", st.restarts).Int("group_rank", me.GroupRank).
+		Int("nodes", d.N).Int("world_size", d.World).Msg("round complete")
 	return &rendezvous.Round{
 		Store:          NewStore(h.cli, h.k(roundKey(st.round, "store/"))),
-		GroupRank:      p.groupRank,
-		GroupWorldSize: len(ro.Nodes),
+		GroupRank:      me.GroupRank,
+		GroupWorldSize: d.N,
 		StoreHost:      o.StoreHost,
 		StorePort:      o.StorePort,
 	}, nil
@@ -393,16 +478,32 @@ func (h *Handler) takePart(st jobState, ro roster, rev int64) (*rendezvous.Round
 // or it left), until the returned stop. A broken watch is made again from
 // the revision it reached; a node cut off from etcd learns from its lease
 // (ensureLease).
-func (h *Handler) watchRound(ri *rendezvous.RoundInfo, st jobState, ro roster, rev int64) (stop func()) {
+func (h *Handler) watchRound(ri *rendezvous.RoundInfo, st jobState, d decision, rev int64) (stop func()) {
 	ctx, cancel := context.WithCancel(h.life)
-	members := make(map[string]member, len(ro.Nodes))
-	for _, m := range ro.Nodes {
-		members[h.k(nodeKey(st.round, m.ID))] = m
+	nodePfx := h.k(nodesKey(st.round))
+	// wasMember tells whether the node whose key went was a member, by its
+	// seat: one read per key gone, where holding every member cost each
+	// node O(n).
+	wasMember := func(key string) (seat, bool) {
+		id := strings.TrimPrefix(key, nodePfx)
+		if id == h.opts.NodeID {
+			return seat{member: h.self}, true
+		}
+		rctx, rcancel := context.WithTimeout(ctx, h.opts.RequestTimeout)
+		defer rcancel()
+		s, ok, err := h.seatOf(rctx, st.round, d, id)
+		if err != nil {
+			// Unsure: a key gone in a decided round most likely was a
+			// member's; superseding a round costs a new one, missing a
+			// death costs the job.
+			return seat{member: member{ID: id, Host: "?"}}, true
+		}
+		return s, ok
 	}
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		stateRev, nodesRev := rev+1, ro.Rev+1
+		stateRev, nodesRev := rev+1, d.Rev+1
 		for ctx.Err() == nil {
 			wctx, wcancel := context.WithCancel(ctx)
 			state := h.cli.Watch(wctx, h.k(keyState), clientv3.WithRev(stateRev))
@@ -429,8 +530,11 @@ func (h *Handler) watchRound(ri *rendezvous.RoundInfo, st jobState, ro roster, r
 					}
 					nodesRev = wr.Header.Revision + 1
 					for _, ev := range wr.Events {
-						m, ok := members[string(ev.Kv.Key)]
-						if ev.Type != mvccpb.DELETE || !ok {
+						if ev.Type != mvccpb.DELETE {
+							continue
+						}
+						m, ok := wasMember(string(ev.Kv.Key))
+						if !ok {
 							continue
 						}
 						reason := fmt.Sprintf("node %s on %s is gone: it left, or its etcd lease lapsed", m.ID, m.Host)
