@@ -201,7 +201,7 @@ type Handler struct {
 	state  jobState // the state that opened round
 	// decision is how round was decided.
 	decision decision
-	myKey  string   // this node's key in the round it last joined
+	myKey    string // this node's key in the round it last joined
 	// stopWatch stops watching round; nil once stopped.
 	stopWatch func()
 	// abandoned is the key of a join that its caller gave up (Next's ctx

@@ -1,9 +1,9 @@
 package etcd
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
-	"cmp"
 	"errors"
 	"fmt"
 	"slices"

@@ -117,7 +117,7 @@ type member struct {
 	arrival int64
 }
 
-func seatsKey(r int, by string) string   { return roundKey(r, "seat/"+by+"/") }
+func seatsKey(r int, by string) string    { return roundKey(r, "seat/"+by+"/") }
 func seatKey(r int, by, id string) string { return seatsKey(r, by) + id }
 
 // roster is a decided round as its decider sees it: the members in
