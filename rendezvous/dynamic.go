@@ -695,15 +695,16 @@ func (d *Dynamic) Nodes(ctx context.Context) ([]NodeInfo, error) {
 	return nodes, nil
 }
 
-// namedReportNodes bounds the rounds in which every waiting node names
-// the nodes there in its reports; in larger ones only the first arrival
-// does, and the others give counts (see waiting).
-const namedReportNodes = 64
+// NamedReportNodes bounds the rounds in which every waiting node names
+// the nodes there in its progress reports; in larger ones only the first
+// arrival does, and the others give counts, so that a report costs each
+// node O(1) and the round O(n).
+const NamedReportNodes = 64
 
 // waiting describes round r, which arrivals nodes joined, as this node,
 // arrival idx, reports it: one read of their descriptors, bounded, since
 // a node registers just after it arrives and may have died in between; the
-// report then names no one. In a round of more than namedReportNodes only
+// report then names no one. In a round of more than NamedReportNodes only
 // the first arrival reads them, and the others report counts: a report
 // then costs each node O(1) and the round O(n), where every node reading
 // every descriptor cost O(n²) (at 4,096 nodes, 16 million descriptors
@@ -711,7 +712,7 @@ const namedReportNodes = 64
 func (d *Dynamic) waiting(ctx context.Context, r, idx, arrivals int, left time.Duration, until string) Waiting {
 	o := d.opts
 	w := Waiting{Joined: arrivals, Min: o.MinNodes, Max: o.MaxNodes, Left: max(left, 0), Until: until}
-	if idx > 0 && arrivals > namedReportNodes {
+	if idx > 0 && arrivals > NamedReportNodes {
 		return w
 	}
 	keys := make([]string, arrivals)

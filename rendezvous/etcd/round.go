@@ -102,11 +102,32 @@ func (h *Handler) leaveRound(ctx context.Context) (jobState, error) {
 
 // snapshot is a joiner's view of round r at one revision.
 type snapshot struct {
-	rev      int64
-	state    jobState
+	rev   int64
+	state jobState
+	// arrivals counts the joins of the round (the versions of its
+	// arrivals key): the nodes there, unless some withdrew. Reading it
+	// costs O(1), where counting the round's keys cost O(n) for every
+	// joiner, O(n²) for the round; the decider counts them once.
 	arrivals int
 	lastCall bool
 	decision *decision
+}
+
+// readCall fills in what the keys under round r's call/ say.
+func (h *Handler) readCall(r int, kvs []*mvccpb.KeyValue, s *snapshot) error {
+	for _, kv := range kvs {
+		switch string(kv.Key) {
+		case h.k(lastCallKey(r)):
+			s.lastCall = true
+		case h.k(finalKey(r)):
+			var d decision
+			if err := json.Unmarshal(kv.Value, &d); err != nil {
+				return fmt.Errorf("rendezvous/etcd: decision of round %d: %w", r, err)
+			}
+			s.decision = &d
+		}
+	}
+	return nil
 }
 
 func (h *Handler) snapshot(ctx context.Context, r int) (snapshot, error) {
@@ -114,7 +135,7 @@ func (h *Handler) snapshot(ctx context.Context, r int) (snapshot, error) {
 	defer cancel()
 	t, err := h.kv.Txn(rctx).Then(
 		clientv3.OpGet(h.k(keyState)),
-		clientv3.OpGet(h.k(nodesKey(r)), clientv3.WithPrefix(), clientv3.WithCountOnly()),
+		clientv3.OpGet(h.k(arrivalsKey(r))),
 		clientv3.OpGet(h.k(callKey(r)), clientv3.WithPrefix()),
 	).Commit()
 	if err != nil {
@@ -126,20 +147,10 @@ func (h *Handler) snapshot(ctx context.Context, r int) (snapshot, error) {
 			return s, err
 		}
 	}
-	s.arrivals = int(t.Responses[1].GetResponseRange().Count)
-	for _, kv := range t.Responses[2].GetResponseRange().Kvs {
-		switch string(kv.Key) {
-		case h.k(lastCallKey(r)):
-			s.lastCall = true
-		case h.k(finalKey(r)):
-			var d decision
-			if err := json.Unmarshal(kv.Value, &d); err != nil {
-				return s, fmt.Errorf("rendezvous/etcd: decision of round %d: %w", r, err)
-			}
-			s.decision = &d
-		}
+	if kvs := t.Responses[1].GetResponseRange().Kvs; len(kvs) > 0 {
+		s.arrivals = int(kvs[0].Version)
 	}
-	return s, nil
+	return s, h.readCall(r, t.Responses[2].GetResponseRange().Kvs, &s)
 }
 
 // join adds this node to round st.round and follows it until this node
@@ -153,7 +164,8 @@ func (h *Handler) join(ctx context.Context, st jobState, lease clientv3.LeaseID,
 	rctx, cancel := h.request(ctx)
 	t, err := h.kv.Txn(rctx).If(clientv3.Compare(clientv3.Value(h.k(keyState)), "=", st.String())).
 		Then(clientv3.OpPut(key, string(me), clientv3.WithLease(lease)),
-			clientv3.OpGet(h.k(nodesKey(r)), clientv3.WithPrefix(), clientv3.WithCountOnly())).Commit()
+			clientv3.OpPut(h.k(arrivalsKey(r)), "", clientv3.WithPrevKV()),
+			clientv3.OpGet(h.k(callKey(r)), clientv3.WithPrefix())).Commit()
 	cancel()
 	if err != nil {
 		return nil, h.unreachable(ctx, fmt.Sprintf("join round %d", r), err)
@@ -164,19 +176,35 @@ func (h *Handler) join(ctx context.Context, st jobState, lease clientv3.LeaseID,
 	h.mu.Lock()
 	h.myKey = key
 	h.mu.Unlock()
-	if int(t.Responses[1].GetResponseRange().Count) >= o.MinNodes {
+	// This node arrived idx-th; what the join read is the first look at
+	// the round, and needs no read of its own.
+	s := snapshot{rev: t.Header.Revision, state: st}
+	if prev := t.Responses[1].GetResponsePut().PrevKv; prev != nil {
+		s.arrivals = int(prev.Version)
+	}
+	idx := s.arrivals
+	s.arrivals++
+	if err := h.readCall(r, t.Responses[2].GetResponseRange().Kvs, &s); err != nil {
+		h.giveUp(ctx, key)
+		return nil, err
+	}
+	if s.arrivals >= o.MinNodes && !s.lastCall {
 		h.openLastCall(ctx, r)
 	}
 
 	var lastCall time.Time // when this node saw MinNodes arrivals
 	start := o.Now()
 	var reported time.Time // the last progress report
-	for {
-		s, err := h.snapshot(ctx, r)
-		if err != nil {
-			h.giveUp(ctx, key)
-			return nil, err
+	for first := true; ; first = false {
+		if !first {
+			if s, err = h.snapshot(ctx, r); err != nil {
+				h.giveUp(ctx, key)
+				return nil, err
+			}
 		}
+		// Fewer nodes than counted are there: some withdrew; wait
+		// for another to join too.
+		short := false
 		now := o.Now()
 		if (s.lastCall || s.arrivals >= o.MinNodes) && lastCall.IsZero() {
 			lastCall = now
@@ -195,21 +223,35 @@ func (h *Handler) join(ctx context.Context, st jobState, lease clientv3.LeaseID,
 				return nil, err
 			}
 		}
-		switch nextStep(v) {
+		step := nextStep(v)
+		if step == stepDecide {
+			// Full, unless at the last call or the deadline.
+			need := o.MaxNodes
+			if v.lastCallDue || v.pastDeadline {
+				need = o.MinNodes
+			}
+			decided, found, err := h.decide(ctx, st, need)
+			if err != nil {
+				h.giveUp(ctx, key)
+				return nil, err
+			}
+			if decided {
+				continue
+			}
+			// Fewer than need are there: go by the nodes there.
+			short = true
+			s.arrivals, v.arrivals = found, found
+			step = nextStep(v)
+		}
+		switch step {
 		case stepRetry:
 			return nil, nil
 		case stepTakePart:
 			return h.takePart(st, *s.decision, me, s.rev)
-		case stepDecide:
-			if err := h.decide(ctx, st, false); err != nil {
-				h.giveUp(ctx, key)
-				return nil, err
-			}
-			continue
 		case stepVoid, stepTimedOut:
 			// Read before this node's key goes.
-			w := h.waiting(ctx, r, s.arrivals, 0, "join timeout")
-			if err := h.decide(ctx, st, true); err != nil {
+			w := h.waiting(ctx, r, idx, s.arrivals, 0, "join timeout")
+			if _, _, err := h.decide(ctx, st, 0); err != nil {
 				h.log.Warn().Err(err).Int("round", r).Msg("could not void the round")
 			}
 			h.giveUp(ctx, key)
@@ -217,7 +259,7 @@ func (h *Handler) join(ctx context.Context, st jobState, lease clientv3.LeaseID,
 				rendezvous.ErrJoinTimeout, o.JoinTimeout, s.arrivals, o.MinNodes, r, w.MissingText())
 		case stepSpare:
 			h.log.Info().Int("round", r).Msg("round is full: waiting as a spare")
-			if err := h.awaitChange(ctx, st, s.rev, "", time.Time{}); err != nil {
+			if err := h.awaitChange(ctx, st, s.rev, time.Time{}); err != nil {
 				h.giveUp(ctx, key)
 				return nil, err
 			}
@@ -234,27 +276,37 @@ func (h *Handler) join(ctx context.Context, st jobState, lease clientv3.LeaseID,
 			if !lastCall.IsZero() {
 				left, until = lastCall.Add(o.LastCallTimeout).Sub(now), "last call"
 			}
-			h.waiting(ctx, r, s.arrivals, left, until).Log(h.log)
+			h.waiting(ctx, r, idx, s.arrivals, left, until).Log(h.log)
 			reported = now
 		}
 		// Wait for the last call, the deadline, a roster, a move or the
 		// next progress report.
 		until := minTime(*deadline, rendezvous.NextProgress(start, reported))
-		if !lastCall.IsZero() {
+		if !lastCall.IsZero() && !short {
 			until = minTime(until, lastCall.Add(o.LastCallTimeout))
 		}
-		if err := h.awaitChange(ctx, st, s.rev, callKey(r), until); err != nil {
+		prefixes := []string{callKey(r)}
+		if short {
+			prefixes = append(prefixes, nodesKey(r))
+		}
+		if err := h.awaitChange(ctx, st, s.rev, until, prefixes...); err != nil {
 			h.giveUp(ctx, key)
 			return nil, err
 		}
 	}
 }
 
-// waiting describes round r, which arrivals nodes joined, in one read of
-// their keys; a read that fails makes a report that names no one.
-func (h *Handler) waiting(ctx context.Context, r, arrivals int, left time.Duration, until string) rendezvous.Waiting {
+// waiting describes round r, which arrivals nodes joined, as this node,
+// arrival idx, reports it: in one read of their keys; a read that fails
+// makes a report that names no one. In a round of more than
+// rendezvous.NamedReportNodes only the first arrival reads them, and the
+// others report counts, lest each report cost the round O(n²).
+func (h *Handler) waiting(ctx context.Context, r, idx, arrivals int, left time.Duration, until string) rendezvous.Waiting {
 	o := h.opts
 	w := rendezvous.Waiting{Joined: arrivals, Min: o.MinNodes, Max: o.MaxNodes, Left: max(left, 0), Until: until}
+	if idx > 0 && arrivals > rendezvous.NamedReportNodes {
+		return w
+	}
 	rctx, cancel := h.request(ctx)
 	defer cancel()
 	resp, err := h.kv.Get(rctx, h.k(nodesKey(r)), clientv3.WithPrefix())
@@ -290,10 +342,10 @@ func (h *Handler) openLastCall(ctx context.Context, r int) {
 	_, _ = h.kv.Txn(rctx).If(clientv3.Compare(clientv3.CreateRevision(k), "=", 0)).Then(clientv3.OpPut(k, "")).Commit()
 }
 
-// awaitChange watches, from revision rev+1, the job's state and, unless
-// empty, the keys under prefix (relative), until one changes, until (when
-// not zero), or ctx ends.
-func (h *Handler) awaitChange(ctx context.Context, st jobState, rev int64, prefix string, until time.Time) error {
+// awaitChange watches, from revision rev+1, the job's state and the keys
+// under prefixes (relative), until one changes, until (when not zero), or
+// ctx ends.
+func (h *Handler) awaitChange(ctx context.Context, st jobState, rev int64, until time.Time, prefixes ...string) error {
 	wctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	if !until.IsZero() {
@@ -301,14 +353,21 @@ func (h *Handler) awaitChange(ctx context.Context, st jobState, rev int64, prefi
 		wctx, c2 = context.WithDeadline(wctx, until)
 		defer c2()
 	}
-	state := h.cli.Watch(wctx, h.k(keyState), clientv3.WithRev(rev+1))
-	var keys clientv3.WatchChan
-	if prefix != "" {
-		keys = h.cli.Watch(wctx, h.k(prefix), clientv3.WithPrefix(), clientv3.WithRev(rev+1))
+	changed := make(chan struct{}, 1+len(prefixes))
+	follow := func(ch clientv3.WatchChan) {
+		go func() {
+			for range ch {
+				changed <- struct{}{}
+				return
+			}
+		}()
+	}
+	follow(h.cli.Watch(wctx, h.k(keyState), clientv3.WithRev(rev+1)))
+	for _, p := range prefixes {
+		follow(h.cli.Watch(wctx, h.k(p), clientv3.WithPrefix(), clientv3.WithRev(rev+1)))
 	}
 	select {
-	case <-state:
-	case <-keys:
+	case <-changed:
 	case <-wctx.Done():
 	}
 	return context.Cause(ctx)
@@ -385,28 +444,30 @@ func (h *Handler) putSeats(ctx context.Context, r int, by string, seats []seat) 
 }
 
 // decide fixes round st.round's members, unless fixed already: its first
-// MaxNodes joiners, by arrival, or none when void. It writes their seats
-// first, under its own name, so that a member that sees the decision
-// finds its seat; a decider that loses the race leaves seats that nobody
-// reads.
-func (h *Handler) decide(ctx context.Context, st jobState, void bool) error {
+// MaxNodes joiners, by arrival, if at least need are there, or none when
+// need is 0 (void). It writes their seats first, under its own name, so
+// that a member that sees the decision finds its seat; a decider that
+// loses the race leaves seats that nobody reads. It returns false, having
+// decided nothing, when fewer than need are there (some withdrew), and
+// how many are.
+func (h *Handler) decide(ctx context.Context, st jobState, need int) (decided bool, found int, err error) {
 	o, r := h.opts, st.round
 	rctx, cancel := h.request(ctx)
 	defer cancel()
 	var d decision
-	if !void {
+	if need > 0 {
 		resp, err := h.kv.Get(rctx, h.k(nodesKey(r)), clientv3.WithPrefix(),
 			clientv3.WithSort(clientv3.SortByCreateRevision, clientv3.SortAscend), clientv3.WithLimit(int64(o.MaxNodes)))
 		if err != nil {
-			return h.unreachable(ctx, fmt.Sprintf("decide round %d", r), err)
+			return false, 0, h.unreachable(ctx, fmt.Sprintf("decide round %d", r), err)
 		}
-		if len(resp.Kvs) < o.MinNodes {
-			return nil // a joiner left: wait for another
+		if len(resp.Kvs) < need {
+			return false, len(resp.Kvs), nil
 		}
 		ms := make([]member, len(resp.Kvs))
 		for i, kv := range resp.Kvs {
 			if err := json.Unmarshal(kv.Value, &ms[i]); err != nil {
-				return fmt.Errorf("rendezvous/etcd: member %s of round %d: %w", kv.Key, r, err)
+				return false, 0, fmt.Errorf("rendezvous/etcd: member %s of round %d: %w", kv.Key, r, err)
 			}
 			ms[i].arrival = kv.CreateRevision
 			if ms[i].Since == 0 {
@@ -418,21 +479,21 @@ func (h *Handler) decide(ctx context.Context, st jobState, void bool) error {
 		var seats []seat
 		d, seats = roster{Rev: resp.Header.Revision, Nodes: order(ms)}.decide(o.NodeID)
 		if err := h.putSeats(rctx, r, o.NodeID, seats); err != nil {
-			return h.unreachable(ctx, fmt.Sprintf("decide round %d", r), err)
+			return false, 0, h.unreachable(ctx, fmt.Sprintf("decide round %d", r), err)
 		}
 	}
 	b, err := json.Marshal(d)
 	if err != nil {
-		return err
+		return false, 0, err
 	}
 	k := h.k(finalKey(r))
 	_, err = h.kv.Txn(rctx).If(clientv3.Compare(clientv3.CreateRevision(k), "=", 0),
 		clientv3.Compare(clientv3.Value(h.k(keyState)), "=", st.String())).
 		Then(clientv3.OpPut(k, string(b))).Commit()
 	if err != nil {
-		return h.unreachable(ctx, fmt.Sprintf("decide round %d", r), err)
+		return false, 0, h.unreachable(ctx, fmt.Sprintf("decide round %d", r), err)
 	}
-	return nil
+	return true, d.N, nil
 }
 
 // giveUp takes this node's key out of a round it stops joining: at once

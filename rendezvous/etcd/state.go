@@ -15,6 +15,9 @@ import (
 //	state                       the job's register: "<round> <restarts>[ ended|failed]"
 //	round/<r>/node/<id>         a joiner's member JSON, on its lease; the key's
 //	                            create revision is its arrival order
+//	round/<r>/arrivals          put by every joiner as it joins: its version
+//	                            counts the joins, its previous version is
+//	                            the joiner's arrival index
 //	round/<r>/call/last         created by the first joiner that sees MinNodes:
 //	                            the last call is open
 //	round/<r>/call/final        the decision, created once by a transaction:
@@ -39,6 +42,7 @@ const (
 func roundKey(r int, name string) string { return "round/" + strconv.Itoa(r) + "/" + name }
 
 func nodesKey(r int) string           { return roundKey(r, "node/") }
+func arrivalsKey(r int) string        { return roundKey(r, "arrivals") }
 func nodeKey(r int, id string) string { return nodesKey(r) + id }
 func callKey(r int) string            { return roundKey(r, "call/") }
 func lastCallKey(r int) string        { return callKey(r) + "last" }
