@@ -162,29 +162,45 @@ func (h *Handler) join(ctx context.Context, st jobState, lease clientv3.LeaseID,
 	key := h.k(nodeKey(r, o.NodeID))
 	me, _ := json.Marshal(h.self)
 	rctx, cancel := h.request(ctx)
-	t, err := h.kv.Txn(rctx).If(clientv3.Compare(clientv3.Value(h.k(keyState)), "=", st.String())).
+	// Only a node not there yet counts itself: a join made again (an
+	// attempt that timed out may have been applied) must not count
+	// twice.
+	t, err := h.kv.Txn(rctx).If(clientv3.Compare(clientv3.Value(h.k(keyState)), "=", st.String()),
+		clientv3.Compare(clientv3.CreateRevision(key), "=", 0)).
 		Then(clientv3.OpPut(key, string(me), clientv3.WithLease(lease)),
 			clientv3.OpPut(h.k(arrivalsKey(r)), "", clientv3.WithPrevKV()),
-			clientv3.OpGet(h.k(callKey(r)), clientv3.WithPrefix())).Commit()
+			clientv3.OpGet(h.k(callKey(r)), clientv3.WithPrefix())).
+		Else(clientv3.OpGet(h.k(keyState)), clientv3.OpGet(key, clientv3.WithCountOnly()),
+			clientv3.OpGet(h.k(arrivalsKey(r))), clientv3.OpGet(h.k(callKey(r)), clientv3.WithPrefix())).Commit()
 	cancel()
 	if err != nil {
 		return nil, h.unreachable(ctx, fmt.Sprintf("join round %d", r), err)
 	}
-	if !t.Succeeded {
-		return nil, nil
+	s := snapshot{rev: t.Header.Revision, state: st}
+	idx := 0 // this node's arrival index
+	calls := t.Responses[len(t.Responses)-1].GetResponseRange().Kvs
+	if t.Succeeded {
+		// What the join read is the first look at the round, and needs
+		// no read of its own.
+		if prev := t.Responses[1].GetResponsePut().PrevKv; prev != nil {
+			idx = int(prev.Version)
+		}
+		s.arrivals = idx + 1
+	} else {
+		kvs := t.Responses[0].GetResponseRange().Kvs
+		if len(kvs) == 0 || string(kvs[0].Value) != st.String() || t.Responses[1].GetResponseRange().Count == 0 {
+			return nil, nil // the job moved on
+		}
+		// An earlier attempt joined.
+		if kvs := t.Responses[2].GetResponseRange().Kvs; len(kvs) > 0 {
+			s.arrivals = int(kvs[0].Version)
+		}
+		idx = max(s.arrivals-1, 0)
 	}
 	h.mu.Lock()
 	h.myKey = key
 	h.mu.Unlock()
-	// This node arrived idx-th; what the join read is the first look at
-	// the round, and needs no read of its own.
-	s := snapshot{rev: t.Header.Revision, state: st}
-	if prev := t.Responses[1].GetResponsePut().PrevKv; prev != nil {
-		s.arrivals = int(prev.Version)
-	}
-	idx := s.arrivals
-	s.arrivals++
-	if err := h.readCall(r, t.Responses[2].GetResponseRange().Kvs, &s); err != nil {
+	if err := h.readCall(r, calls, &s); err != nil {
 		h.giveUp(ctx, key)
 		return nil, err
 	}
