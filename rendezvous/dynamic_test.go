@@ -939,11 +939,11 @@ func closeAll(tb testing.TB, nodes []*Dynamic) {
 	wg.Wait()
 }
 
-// countingStore counts the requests made through it.
+// countingStore counts the requests made through it in n, which
+// several may share.
 type countingStore struct {
 	Store
-	n     *atomic.Int64
-	calls atomic.Int64
+	n *atomic.Int64
 }
 
 func (c *countingStore) count() { c.n.Add(1) }
