@@ -18,14 +18,14 @@ import (
 var errNoRound = errors.New("rendezvous/etcd: no round yet")
 
 // current returns this node's round, the state that opened it, its
-// roster and this node's lease.
-func (h *Handler) current() (*rendezvous.RoundInfo, jobState, roster, clientv3.LeaseID, error) {
+// decision and this node's lease.
+func (h *Handler) current() (*rendezvous.RoundInfo, jobState, decision, clientv3.LeaseID, error) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if h.round == nil {
-		return nil, jobState{}, roster{}, 0, errNoRound
+		return nil, jobState{}, decision{}, 0, errNoRound
 	}
-	return h.round, h.state, h.roster, h.lease, nil
+	return h.round, h.state, h.decision, h.lease, nil
 }
 
 // Done is the exit barrier: this node's workers all succeeded in the
@@ -39,11 +39,11 @@ func (h *Handler) Done(ctx context.Context, timeout time.Duration) error {
 		return err
 	}
 	defer done()
-	_, st, ro, _, err := h.current()
+	_, st, d, _, err := h.current()
 	if err != nil {
 		return err
 	}
-	r, n := st.round, len(ro.Nodes)
+	r, n := st.round, d.N
 	complete := h.k(roundKey(r, "complete"))
 	rctx, cancel := h.request(ctx)
 	t, err := h.kv.Txn(rctx).Then(clientv3.OpPut(h.k(roundKey(r, "done/"+h.opts.NodeID)), ""),
@@ -90,7 +90,7 @@ func (h *Handler) Done(ctx context.Context, timeout time.Duration) error {
 			return fmt.Errorf("rendezvous/etcd: exit barrier timeout after %v: %d of %d nodes finished round %d",
 				timeout, t.Responses[2].GetResponseRange().Count, n, r)
 		}
-		if err := h.awaitChange(ctx, st, t.Header.Revision, roundKey(r, "complete"), deadline); err != nil {
+		if err := h.awaitChange(ctx, st, t.Header.Revision, deadline, roundKey(r, "complete")); err != nil {
 			return err
 		}
 	}
@@ -194,13 +194,17 @@ func (h *Handler) AwaitAlive(ctx context.Context) bool {
 		return false
 	}
 	defer done()
-	_, st, ro, _, err := h.current()
+	_, st, d, _, err := h.current()
+	if err != nil {
+		return false
+	}
+	seats, err := h.seats(ctx, st.round, d)
 	if err != nil {
 		return false
 	}
 	pfx := h.k(roundKey(st.round, "weighing/"))
-	pending := make(map[string]bool, len(ro.Nodes))
-	for _, m := range ro.Nodes {
+	pending := make(map[string]bool, len(seats))
+	for _, m := range seats {
 		if m.ID != h.opts.NodeID {
 			pending[pfx+m.ID] = true
 		}

@@ -16,7 +16,8 @@
 // What it costs: an etcd cluster to run (three or five members), a lease
 // keep-alive per node every third of the TTL, and a few transactions and
 // watch events per node per round: O(1) for each node, whatever the number
-// of nodes, but the roster (O(nodes) bytes) that each reads once per round.
+// of nodes (the node that decides a round reads every member once, and
+// writes each member's seat, which that member alone reads).
 // A lost node is noticed one TTL late, where c10d's heartbeats take their
 // misses times their interval; and a worker failure with no node lost
 // waits up to the failure grace before it spends a restart, as with c10d.
@@ -164,8 +165,12 @@ func Dial(endpoints []string, tlsConfig *tls.Config) (*clientv3.Client, error) {
 		TLS:         tlsConfig,
 		DialTimeout: 5 * time.Second,
 		// Keep-alives notice a member gone silent (kill -9, a cut
-		// cable) and move to another.
-		DialKeepAliveTime:    2 * time.Second,
+		// cable) and move to another. etcd takes pings more often than
+		// its --grpc-keepalive-min-time (5 s by default) for abuse and
+		// drops the connection (GOAWAY too_many_pings) after a few,
+		// failing every request and watch on it: a round that took
+		// longer than a few pings broke its nodes' connections.
+		DialKeepAliveTime:    6 * time.Second,
 		DialKeepAliveTimeout: 2 * time.Second,
 		Logger:               nopLogger(),
 	})
@@ -194,8 +199,9 @@ type Handler struct {
 	lease  clientv3.LeaseID // 0 until granted, and once lost
 	round  *rendezvous.RoundInfo
 	state  jobState // the state that opened round
-	roster roster   // round's
-	myKey  string   // this node's key in the round it last joined
+	// decision is how round was decided.
+	decision decision
+	myKey    string // this node's key in the round it last joined
 	// stopWatch stops watching round; nil once stopped.
 	stopWatch func()
 	// abandoned is the key of a join that its caller gave up (Next's ctx
@@ -263,19 +269,25 @@ func (h *Handler) Current() *rendezvous.RoundInfo {
 	return h.round
 }
 
-// Nodes returns the participants of this node's round, in group-rank
-// order, from the roster it read when the round was decided.
-func (h *Handler) Nodes(context.Context) ([]rendezvous.NodeInfo, error) {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	if h.round == nil {
-		return nil, errors.New("rendezvous/etcd: no round yet")
+// Nodes reads the participants of this node's round, in group-rank
+// order: O(n) bytes, for reports, where a round costs each node O(1).
+func (h *Handler) Nodes(ctx context.Context) ([]rendezvous.NodeInfo, error) {
+	ctx, done, err := h.begin(ctx)
+	if err != nil {
+		return nil, err
 	}
-	nodes := make([]rendezvous.NodeInfo, len(h.roster.Nodes))
-	first := 0
-	for i, m := range h.roster.Nodes {
-		nodes[i] = rendezvous.NodeInfo{ID: m.ID, Host: m.Host, Addr: m.Addr, NProc: m.NProc, GroupRank: i, FirstRank: first}
-		first += m.NProc
+	defer done()
+	_, st, d, _, err := h.current()
+	if err != nil {
+		return nil, err
+	}
+	seats, err := h.seats(ctx, st.round, d)
+	if err != nil {
+		return nil, err
+	}
+	nodes := make([]rendezvous.NodeInfo, len(seats))
+	for i, s := range seats {
+		nodes[i] = rendezvous.NodeInfo{ID: s.ID, Host: s.Host, Addr: s.Addr, NProc: s.NProc, GroupRank: s.GroupRank, FirstRank: s.FirstRank}
 	}
 	return nodes, nil
 }

@@ -2,6 +2,7 @@ package etcd
 
 import (
 	"context"
+	"math/rand/v2"
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -15,10 +16,19 @@ import (
 // keeps a cluster that is merely slow from being asked again and again.
 const firstAttempt = 2 * time.Second
 
+// Pauses between attempts: from firstPause, doubling up to maxPause, each
+// drawn at random from its upper half, so that the thousands of nodes
+// whose requests a busy cluster failed together do not all ask again
+// together, and again.
+const (
+	firstPause = 50 * time.Millisecond
+	maxPause   = 2 * time.Second
+)
+
 // retry runs fn until it succeeds or ctx ends, each attempt bounded as
 // firstAttempt says; it returns fn's last error.
 func retry(ctx context.Context, fn func(ctx context.Context) error) error {
-	attempt := firstAttempt
+	attempt, pause := firstAttempt, firstPause
 	for {
 		actx, cancel := context.WithTimeout(ctx, attempt)
 		err := fn(actx)
@@ -27,12 +37,20 @@ func retry(ctx context.Context, fn func(ctx context.Context) error) error {
 			return err
 		}
 		attempt *= 2
+		t := time.NewTimer(jitter(pause))
+		pause = min(2*pause, maxPause)
 		select {
 		case <-ctx.Done():
+			t.Stop()
 			return err
-		case <-time.After(50 * time.Millisecond):
+		case <-t.C:
 		}
 	}
+}
+
+// jitter draws a pause from the upper half of d.
+func jitter(d time.Duration) time.Duration {
+	return d/2 + rand.N(d/2+1)
 }
 
 // retryKV is etcd's KV with every request made again while it fails,

@@ -1,10 +1,14 @@
 package etcd
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
+	"strings"
+	"sync"
 	"time"
 
 	"go.etcd.io/etcd/api/v3/mvccpb"
@@ -98,11 +102,32 @@ func (h *Handler) leaveRound(ctx context.Context) (jobState, error) {
 
 // snapshot is a joiner's view of round r at one revision.
 type snapshot struct {
-	rev      int64
-	state    jobState
+	rev   int64
+	state jobState
+	// arrivals counts the joins of the round (the versions of its
+	// arrivals key): the nodes there, unless some withdrew. Reading it
+	// costs O(1), where counting the round's keys cost O(n) for every
+	// joiner, O(n²) for the round; the decider counts them once.
 	arrivals int
 	lastCall bool
-	roster   *roster
+	decision *decision
+}
+
+// readCall fills in what the keys under round r's call/ say.
+func (h *Handler) readCall(r int, kvs []*mvccpb.KeyValue, s *snapshot) error {
+	for _, kv := range kvs {
+		switch string(kv.Key) {
+		case h.k(lastCallKey(r)):
+			s.lastCall = true
+		case h.k(finalKey(r)):
+			var d decision
+			if err := json.Unmarshal(kv.Value, &d); err != nil {
+				return fmt.Errorf("rendezvous/etcd: decision of round %d: %w", r, err)
+			}
+			s.decision = &d
+		}
+	}
+	return nil
 }
 
 func (h *Handler) snapshot(ctx context.Context, r int) (snapshot, error) {
@@ -110,7 +135,7 @@ func (h *Handler) snapshot(ctx context.Context, r int) (snapshot, error) {
 	defer cancel()
 	t, err := h.kv.Txn(rctx).Then(
 		clientv3.OpGet(h.k(keyState)),
-		clientv3.OpGet(h.k(nodesKey(r)), clientv3.WithPrefix(), clientv3.WithCountOnly()),
+		clientv3.OpGet(h.k(arrivalsKey(r))),
 		clientv3.OpGet(h.k(callKey(r)), clientv3.WithPrefix()),
 	).Commit()
 	if err != nil {
@@ -122,20 +147,10 @@ func (h *Handler) snapshot(ctx context.Context, r int) (snapshot, error) {
 			return s, err
 		}
 	}
-	s.arrivals = int(t.Responses[1].GetResponseRange().Count)
-	for _, kv := range t.Responses[2].GetResponseRange().Kvs {
-		switch string(kv.Key) {
-		case h.k(lastCallKey(r)):
-			s.lastCall = true
-		case h.k(finalKey(r)):
-			var ro roster
-			if err := json.Unmarshal(kv.Value, &ro); err != nil {
-				return s, fmt.Errorf("rendezvous/etcd: roster of round %d: %w", r, err)
-			}
-			s.roster = &ro
-		}
+	if kvs := t.Responses[1].GetResponseRange().Kvs; len(kvs) > 0 {
+		s.arrivals = int(kvs[0].Version)
 	}
-	return s, nil
+	return s, h.readCall(r, t.Responses[2].GetResponseRange().Kvs, &s)
 }
 
 // join adds this node to round st.round and follows it until this node
@@ -147,60 +162,112 @@ func (h *Handler) join(ctx context.Context, st jobState, lease clientv3.LeaseID,
 	key := h.k(nodeKey(r, o.NodeID))
 	me, _ := json.Marshal(h.self)
 	rctx, cancel := h.request(ctx)
-	t, err := h.kv.Txn(rctx).If(clientv3.Compare(clientv3.Value(h.k(keyState)), "=", st.String())).
+	// Only a node not there yet counts itself: a join made again (an
+	// attempt that timed out may have been applied) must not count
+	// twice.
+	t, err := h.kv.Txn(rctx).If(clientv3.Compare(clientv3.Value(h.k(keyState)), "=", st.String()),
+		clientv3.Compare(clientv3.CreateRevision(key), "=", 0)).
 		Then(clientv3.OpPut(key, string(me), clientv3.WithLease(lease)),
-			clientv3.OpGet(h.k(nodesKey(r)), clientv3.WithPrefix(), clientv3.WithCountOnly())).Commit()
+			clientv3.OpPut(h.k(arrivalsKey(r)), "", clientv3.WithPrevKV()),
+			clientv3.OpGet(h.k(callKey(r)), clientv3.WithPrefix())).
+		Else(clientv3.OpGet(h.k(keyState)), clientv3.OpGet(key, clientv3.WithCountOnly()),
+			clientv3.OpGet(h.k(arrivalsKey(r))), clientv3.OpGet(h.k(callKey(r)), clientv3.WithPrefix())).Commit()
 	cancel()
 	if err != nil {
 		return nil, h.unreachable(ctx, fmt.Sprintf("join round %d", r), err)
 	}
-	if !t.Succeeded {
-		return nil, nil
+	s := snapshot{rev: t.Header.Revision, state: st}
+	idx := 0 // this node's arrival index
+	calls := t.Responses[len(t.Responses)-1].GetResponseRange().Kvs
+	if t.Succeeded {
+		// What the join read is the first look at the round, and needs
+		// no read of its own.
+		if prev := t.Responses[1].GetResponsePut().PrevKv; prev != nil {
+			idx = int(prev.Version)
+		}
+		s.arrivals = idx + 1
+	} else {
+		kvs := t.Responses[0].GetResponseRange().Kvs
+		if len(kvs) == 0 || string(kvs[0].Value) != st.String() || t.Responses[1].GetResponseRange().Count == 0 {
+			return nil, nil // the job moved on
+		}
+		// An earlier attempt joined.
+		if kvs := t.Responses[2].GetResponseRange().Kvs; len(kvs) > 0 {
+			s.arrivals = int(kvs[0].Version)
+		}
+		idx = max(s.arrivals-1, 0)
 	}
 	h.mu.Lock()
 	h.myKey = key
 	h.mu.Unlock()
-	if int(t.Responses[1].GetResponseRange().Count) >= o.MinNodes {
+	if err := h.readCall(r, calls, &s); err != nil {
+		h.giveUp(ctx, key)
+		return nil, err
+	}
+	if s.arrivals >= o.MinNodes && !s.lastCall {
 		h.openLastCall(ctx, r)
 	}
 
 	var lastCall time.Time // when this node saw MinNodes arrivals
 	start := o.Now()
 	var reported time.Time // the last progress report
-	for {
-		s, err := h.snapshot(ctx, r)
-		if err != nil {
-			h.giveUp(ctx, key)
-			return nil, err
+	for first := true; ; first = false {
+		if !first {
+			if s, err = h.snapshot(ctx, r); err != nil {
+				h.giveUp(ctx, key)
+				return nil, err
+			}
 		}
+		// Fewer nodes than counted are there: some withdrew; wait
+		// for another to join too.
+		short := false
 		now := o.Now()
 		if (s.lastCall || s.arrivals >= o.MinNodes) && lastCall.IsZero() {
 			lastCall = now
 		}
 		v := view{
-			moved: s.state != st, arrivals: s.arrivals, roster: s.roster,
+			moved: s.state != st, arrivals: s.arrivals, decided: s.decision != nil,
 			lastCallDue:  !lastCall.IsZero() && !now.Before(lastCall.Add(o.LastCallTimeout)),
 			pastDeadline: !now.Before(*deadline),
 			minNodes:     o.MinNodes, maxNodes: o.MaxNodes,
 		}
-		if s.roster != nil {
-			_, v.member = s.roster.placeOf(o.NodeID)
-		}
-		switch nextStep(v) {
-		case stepRetry:
-			return nil, nil
-		case stepTakePart:
-			return h.takePart(st, *s.roster, s.rev)
-		case stepDecide:
-			if err := h.decide(ctx, st, false); err != nil {
+		var me seat
+		if d := s.decision; d != nil && d.N > 0 && !v.moved {
+			v.size = d.N
+			if me, v.member, err = h.seatOf(ctx, r, *d, o.NodeID); err != nil {
 				h.giveUp(ctx, key)
 				return nil, err
 			}
-			continue
+		}
+		step := nextStep(v)
+		if step == stepDecide {
+			// Full, unless at the last call or the deadline.
+			need := o.MaxNodes
+			if v.lastCallDue || v.pastDeadline {
+				need = o.MinNodes
+			}
+			decided, found, err := h.decide(ctx, st, need)
+			if err != nil {
+				h.giveUp(ctx, key)
+				return nil, err
+			}
+			if decided {
+				continue
+			}
+			// Fewer than need are there: go by the nodes there.
+			short = true
+			s.arrivals, v.arrivals = found, found
+			step = nextStep(v)
+		}
+		switch step {
+		case stepRetry:
+			return nil, nil
+		case stepTakePart:
+			return h.takePart(st, *s.decision, me, s.rev)
 		case stepVoid, stepTimedOut:
 			// Read before this node's key goes.
-			w := h.waiting(ctx, r, s.arrivals, 0, "join timeout")
-			if err := h.decide(ctx, st, true); err != nil {
+			w := h.waiting(ctx, r, idx, s.arrivals, 0, "join timeout")
+			if _, _, err := h.decide(ctx, st, 0); err != nil {
 				h.log.Warn().Err(err).Int("round", r).Msg("could not void the round")
 			}
 			h.giveUp(ctx, key)
@@ -208,7 +275,7 @@ func (h *Handler) join(ctx context.Context, st jobState, lease clientv3.LeaseID,
 				rendezvous.ErrJoinTimeout, o.JoinTimeout, s.arrivals, o.MinNodes, r, w.MissingText())
 		case stepSpare:
 			h.log.Info().Int("round", r).Msg("round is full: waiting as a spare")
-			if err := h.awaitChange(ctx, st, s.rev, "", time.Time{}); err != nil {
+			if err := h.awaitChange(ctx, st, s.rev, time.Time{}); err != nil {
 				h.giveUp(ctx, key)
 				return nil, err
 			}
@@ -216,7 +283,7 @@ func (h *Handler) join(ctx context.Context, st jobState, lease clientv3.LeaseID,
 			return nil, nil
 		case stepOpenNext:
 			reason := fmt.Sprintf("node %s on %s waits to join (round %d has %d of max %d nodes)",
-				o.NodeID, o.Host, r, len(s.roster.Nodes), o.MaxNodes)
+				o.NodeID, o.Host, r, s.decision.N, o.MaxNodes)
 			_, err := h.advance(ctx, st, st.next(st.restarts, running), reason)
 			return nil, err
 		}
@@ -225,27 +292,37 @@ func (h *Handler) join(ctx context.Context, st jobState, lease clientv3.LeaseID,
 			if !lastCall.IsZero() {
 				left, until = lastCall.Add(o.LastCallTimeout).Sub(now), "last call"
 			}
-			h.waiting(ctx, r, s.arrivals, left, until).Log(h.log)
+			h.waiting(ctx, r, idx, s.arrivals, left, until).Log(h.log)
 			reported = now
 		}
 		// Wait for the last call, the deadline, a roster, a move or the
 		// next progress report.
 		until := minTime(*deadline, rendezvous.NextProgress(start, reported))
-		if !lastCall.IsZero() {
+		if !lastCall.IsZero() && !short {
 			until = minTime(until, lastCall.Add(o.LastCallTimeout))
 		}
-		if err := h.awaitChange(ctx, st, s.rev, callKey(r), until); err != nil {
+		prefixes := []string{callKey(r)}
+		if short {
+			prefixes = append(prefixes, nodesKey(r))
+		}
+		if err := h.awaitChange(ctx, st, s.rev, until, prefixes...); err != nil {
 			h.giveUp(ctx, key)
 			return nil, err
 		}
 	}
 }
 
-// waiting describes round r, which arrivals nodes joined, in one read of
-// their keys; a read that fails makes a report that names no one.
-func (h *Handler) waiting(ctx context.Context, r, arrivals int, left time.Duration, until string) rendezvous.Waiting {
+// waiting describes round r, which arrivals nodes joined, as this node,
+// arrival idx, reports it: in one read of their keys; a read that fails
+// makes a report that names no one. In a round of more than
+// rendezvous.NamedReportNodes only the first arrival reads them, and the
+// others report counts, lest each report cost the round O(n²).
+func (h *Handler) waiting(ctx context.Context, r, idx, arrivals int, left time.Duration, until string) rendezvous.Waiting {
 	o := h.opts
 	w := rendezvous.Waiting{Joined: arrivals, Min: o.MinNodes, Max: o.MaxNodes, Left: max(left, 0), Until: until}
+	if idx > 0 && arrivals > rendezvous.NamedReportNodes {
+		return w
+	}
 	rctx, cancel := h.request(ctx)
 	defer cancel()
 	resp, err := h.kv.Get(rctx, h.k(nodesKey(r)), clientv3.WithPrefix())
@@ -281,10 +358,10 @@ func (h *Handler) openLastCall(ctx context.Context, r int) {
 	_, _ = h.kv.Txn(rctx).If(clientv3.Compare(clientv3.CreateRevision(k), "=", 0)).Then(clientv3.OpPut(k, "")).Commit()
 }
 
-// awaitChange watches, from revision rev+1, the job's state and, unless
-// empty, the keys under prefix (relative), until one changes, until (when
-// not zero), or ctx ends.
-func (h *Handler) awaitChange(ctx context.Context, st jobState, rev int64, prefix string, until time.Time) error {
+// awaitChange watches, from revision rev+1, the job's state and the keys
+// under prefixes (relative), until one changes, until (when not zero), or
+// ctx ends.
+func (h *Handler) awaitChange(ctx context.Context, st jobState, rev int64, until time.Time, prefixes ...string) error {
 	wctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	if !until.IsZero() {
@@ -292,39 +369,121 @@ func (h *Handler) awaitChange(ctx context.Context, st jobState, rev int64, prefi
 		wctx, c2 = context.WithDeadline(wctx, until)
 		defer c2()
 	}
-	state := h.cli.Watch(wctx, h.k(keyState), clientv3.WithRev(rev+1))
-	var keys clientv3.WatchChan
-	if prefix != "" {
-		keys = h.cli.Watch(wctx, h.k(prefix), clientv3.WithPrefix(), clientv3.WithRev(rev+1))
+	changed := make(chan struct{}, 1+len(prefixes))
+	follow := func(ch clientv3.WatchChan) {
+		go func() {
+			for range ch {
+				changed <- struct{}{}
+				return
+			}
+		}()
+	}
+	follow(h.cli.Watch(wctx, h.k(keyState), clientv3.WithRev(rev+1)))
+	for _, p := range prefixes {
+		follow(h.cli.Watch(wctx, h.k(p), clientv3.WithPrefix(), clientv3.WithRev(rev+1)))
 	}
 	select {
-	case <-state:
-	case <-keys:
+	case <-changed:
 	case <-wctx.Done():
 	}
 	return context.Cause(ctx)
 }
 
-// decide fixes round st.round's roster, unless fixed already: its first
-// MaxNodes joiners, by arrival, or none when void.
-func (h *Handler) decide(ctx context.Context, st jobState, void bool) error {
+// seatOf reads member id's seat in round r, decided as d; ok is false
+// when id is not a member.
+func (h *Handler) seatOf(ctx context.Context, r int, d decision, id string) (s seat, ok bool, err error) {
+	rctx, cancel := h.request(ctx)
+	defer cancel()
+	resp, err := h.kv.Get(rctx, h.k(seatKey(r, d.By, id)))
+	if err != nil {
+		return s, false, h.unreachable(ctx, fmt.Sprintf("read a seat in round %d", r), err)
+	}
+	if len(resp.Kvs) == 0 {
+		return s, false, nil
+	}
+	if err := json.Unmarshal(resp.Kvs[0].Value, &s); err != nil {
+		return s, false, fmt.Errorf("rendezvous/etcd: seat of %s in round %d: %w", id, r, err)
+	}
+	return s, true, nil
+}
+
+// seats reads every seat of round r, decided as d, in group-rank order:
+// O(n) bytes, for reports and for the rare calls that need every member.
+func (h *Handler) seats(ctx context.Context, r int, d decision) ([]seat, error) {
+	rctx, cancel := h.request(ctx)
+	defer cancel()
+	resp, err := h.kv.Get(rctx, h.k(seatsKey(r, d.By)), clientv3.WithPrefix())
+	if err != nil {
+		return nil, h.unreachable(ctx, fmt.Sprintf("read the seats of round %d", r), err)
+	}
+	seats := make([]seat, len(resp.Kvs))
+	for i, kv := range resp.Kvs {
+		if err := json.Unmarshal(kv.Value, &seats[i]); err != nil {
+			return nil, fmt.Errorf("rendezvous/etcd: seat %s of round %d: %w", kv.Key, r, err)
+		}
+	}
+	slices.SortFunc(seats, func(a, b seat) int { return cmp.Compare(a.GroupRank, b.GroupRank) })
+	return seats, nil
+}
+
+// seatBatch is how many seats one transaction writes: etcd refuses
+// transactions of more than --max-txn-ops operations, 128 by default.
+const seatBatch = 128
+
+// putSeats writes the seats of round r, decided by by, a few batches at a
+// time.
+func (h *Handler) putSeats(ctx context.Context, r int, by string, seats []seat) error {
+	var wg sync.WaitGroup
+	errs := make(chan error, len(seats)/seatBatch+1)
+	sem := make(chan struct{}, 8)
+	for lo := 0; lo < len(seats); lo += seatBatch {
+		batch := seats[lo:min(lo+seatBatch, len(seats))]
+		ops := make([]clientv3.Op, len(batch))
+		for i, s := range batch {
+			b, err := json.Marshal(s)
+			if err != nil {
+				return err
+			}
+			ops[i] = clientv3.OpPut(h.k(seatKey(r, by, s.ID)), string(b))
+		}
+		wg.Go(func() {
+			sem <- struct{}{}
+			defer func() { <-sem }()
+			if _, err := h.kv.Txn(ctx).Then(ops...).Commit(); err != nil {
+				errs <- err
+			}
+		})
+	}
+	wg.Wait()
+	close(errs)
+	return <-errs
+}
+
+// decide fixes round st.round's members, unless fixed already: its first
+// MaxNodes joiners, by arrival, if at least need are there, or none when
+// need is 0 (void). It writes their seats first, under its own name, so
+// that a member that sees the decision finds its seat; a decider that
+// loses the race leaves seats that nobody reads. It returns false, having
+// decided nothing, when fewer than need are there (some withdrew), and
+// how many are.
+func (h *Handler) decide(ctx context.Context, st jobState, need int) (decided bool, found int, err error) {
 	o, r := h.opts, st.round
 	rctx, cancel := h.request(ctx)
 	defer cancel()
-	var ro roster
-	if !void {
+	var d decision
+	if need > 0 {
 		resp, err := h.kv.Get(rctx, h.k(nodesKey(r)), clientv3.WithPrefix(),
 			clientv3.WithSort(clientv3.SortByCreateRevision, clientv3.SortAscend), clientv3.WithLimit(int64(o.MaxNodes)))
 		if err != nil {
-			return h.unreachable(ctx, fmt.Sprintf("decide round %d", r), err)
+			return false, 0, h.unreachable(ctx, fmt.Sprintf("decide round %d", r), err)
 		}
-		if len(resp.Kvs) < o.MinNodes {
-			return nil // a joiner left: wait for another
+		if len(resp.Kvs) < need {
+			return false, len(resp.Kvs), nil
 		}
 		ms := make([]member, len(resp.Kvs))
 		for i, kv := range resp.Kvs {
 			if err := json.Unmarshal(kv.Value, &ms[i]); err != nil {
-				return fmt.Errorf("rendezvous/etcd: member %s of round %d: %w", kv.Key, r, err)
+				return false, 0, fmt.Errorf("rendezvous/etcd: member %s of round %d: %w", kv.Key, r, err)
 			}
 			ms[i].arrival = kv.CreateRevision
 			if ms[i].Since == 0 {
@@ -333,20 +492,24 @@ func (h *Handler) decide(ctx context.Context, st jobState, void bool) error {
 				ms[i].Since = kv.CreateRevision
 			}
 		}
-		ro = roster{Rev: resp.Header.Revision, Nodes: order(ms)}
+		var seats []seat
+		d, seats = roster{Rev: resp.Header.Revision, Nodes: order(ms)}.decide(o.NodeID)
+		if err := h.putSeats(rctx, r, o.NodeID, seats); err != nil {
+			return false, 0, h.unreachable(ctx, fmt.Sprintf("decide round %d", r), err)
+		}
 	}
-	b, err := json.Marshal(ro)
+	b, err := json.Marshal(d)
 	if err != nil {
-		return err
+		return false, 0, err
 	}
 	k := h.k(finalKey(r))
 	_, err = h.kv.Txn(rctx).If(clientv3.Compare(clientv3.CreateRevision(k), "=", 0),
 		clientv3.Compare(clientv3.Value(h.k(keyState)), "=", st.String())).
 		Then(clientv3.OpPut(k, string(b))).Commit()
 	if err != nil {
-		return h.unreachable(ctx, fmt.Sprintf("decide round %d", r), err)
+		return false, 0, h.unreachable(ctx, fmt.Sprintf("decide round %d", r), err)
 	}
-	return nil
+	return true, d.N, nil
 }
 
 // giveUp takes this node's key out of a round it stops joining: at once
@@ -364,25 +527,24 @@ func (h *Handler) giveUp(ctx context.Context, key string) {
 	_, _ = h.kv.Delete(wctx, key)
 }
 
-// takePart makes this node's round from the roster it read at rev, and
-// watches it.
-func (h *Handler) takePart(st jobState, ro roster, rev int64) (*rendezvous.Round, error) {
+// takePart makes this node's round from the decision it read at rev and
+// its seat, and watches it.
+func (h *Handler) takePart(st jobState, d decision, me seat, rev int64) (*rendezvous.Round, error) {
 	o := h.opts
-	p, _ := ro.placeOf(o.NodeID)
-	ri := rendezvous.NewRoundInfo(st.round, st.restarts, p.groupRank, len(ro.Nodes), p.firstRank, p.worldSize)
+	ri := rendezvous.NewRoundInfo(st.round, st.restarts, me.GroupRank, d.N, me.FirstRank, d.World)
 	h.mu.Lock()
 	if h.self.Since == 0 {
-		h.self.Since = ro.Nodes[p.groupRank].Since
+		h.self.Since = me.Since
 	}
-	h.round, h.state, h.roster = ri, st, ro
-	h.stopWatch = h.watchRound(ri, st, ro, rev)
+	h.round, h.state, h.decision = ri, st, d
+	h.stopWatch = h.watchRound(ri, st, d, rev)
 	h.mu.Unlock()
-	h.log.Info().Int("round", st.round).Int("restarts", st.restarts).Int("group_rank", p.groupRank).
-		Int("nodes", len(ro.Nodes)).Int("world_size", p.worldSize).Msg("round complete")
+	h.log.Info().Int("round", st.round).Int("restarts", st.restarts).Int("group_rank", me.GroupRank).
+		Int("nodes", d.N).Int("world_size", d.World).Msg("round complete")
 	return &rendezvous.Round{
 		Store:          NewStore(h.cli, h.k(roundKey(st.round, "store/"))),
-		GroupRank:      p.groupRank,
-		GroupWorldSize: len(ro.Nodes),
+		GroupRank:      me.GroupRank,
+		GroupWorldSize: d.N,
 		StoreHost:      o.StoreHost,
 		StorePort:      o.StorePort,
 	}, nil
@@ -393,16 +555,32 @@ func (h *Handler) takePart(st jobState, ro roster, rev int64) (*rendezvous.Round
 // or it left), until the returned stop. A broken watch is made again from
 // the revision it reached; a node cut off from etcd learns from its lease
 // (ensureLease).
-func (h *Handler) watchRound(ri *rendezvous.RoundInfo, st jobState, ro roster, rev int64) (stop func()) {
+func (h *Handler) watchRound(ri *rendezvous.RoundInfo, st jobState, d decision, rev int64) (stop func()) {
 	ctx, cancel := context.WithCancel(h.life)
-	members := make(map[string]member, len(ro.Nodes))
-	for _, m := range ro.Nodes {
-		members[h.k(nodeKey(st.round, m.ID))] = m
+	nodePfx := h.k(nodesKey(st.round))
+	// wasMember tells whether the node whose key went was a member, by its
+	// seat: one read per key gone, where holding every member cost each
+	// node O(n).
+	wasMember := func(key string) (seat, bool) {
+		id := strings.TrimPrefix(key, nodePfx)
+		if id == h.opts.NodeID {
+			return seat{member: h.self}, true
+		}
+		rctx, rcancel := context.WithTimeout(ctx, h.opts.RequestTimeout)
+		defer rcancel()
+		s, ok, err := h.seatOf(rctx, st.round, d, id)
+		if err != nil {
+			// Unsure: a key gone in a decided round most likely was a
+			// member's; superseding a round costs a new one, missing a
+			// death costs the job.
+			return seat{member: member{ID: id, Host: "?"}}, true
+		}
+		return s, ok
 	}
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		stateRev, nodesRev := rev+1, ro.Rev+1
+		stateRev, nodesRev := rev+1, d.Rev+1
 		for ctx.Err() == nil {
 			wctx, wcancel := context.WithCancel(ctx)
 			state := h.cli.Watch(wctx, h.k(keyState), clientv3.WithRev(stateRev))
@@ -429,8 +607,11 @@ func (h *Handler) watchRound(ri *rendezvous.RoundInfo, st jobState, ro roster, r
 					}
 					nodesRev = wr.Header.Revision + 1
 					for _, ev := range wr.Events {
-						m, ok := members[string(ev.Kv.Key)]
-						if ev.Type != mvccpb.DELETE || !ok {
+						if ev.Type != mvccpb.DELETE {
+							continue
+						}
+						m, ok := wasMember(string(ev.Kv.Key))
+						if !ok {
 							continue
 						}
 						reason := fmt.Sprintf("node %s on %s is gone: it left, or its etcd lease lapsed", m.ID, m.Host)

@@ -15,10 +15,19 @@ import (
 //	state                       the job's register: "<round> <restarts>[ ended|failed]"
 //	round/<r>/node/<id>         a joiner's member JSON, on its lease; the key's
 //	                            create revision is its arrival order
+//	round/<r>/arrivals          put by every joiner as it joins: its version
+//	                            counts the joins, its previous version is
+//	                            the joiner's arrival index
 //	round/<r>/call/last         created by the first joiner that sees MinNodes:
 //	                            the last call is open
-//	round/<r>/call/final        the roster, created once by a transaction;
-//	                            empty voids the round
+//	round/<r>/call/final        the decision, created once by a transaction:
+//	                            who decided, how many take part (0 voids the
+//	                            round), from which revision; O(1) bytes, since
+//	                            every joiner watches it and reads it
+//	round/<r>/seat/<by>/<id>    the place of member id, written by the node by
+//	                            that decided the round, before the decision:
+//	                            each member reads its own, O(1) bytes, where a
+//	                            roster read by everyone cost the round O(n²)
 //	round/<r>/superseded        why round r ended, put with the state that ends it
 //	round/<r>/weighing/<id>     on its lease: the node weighs a failure
 //	round/<r>/done/<id>         the node's workers all succeeded
@@ -33,6 +42,7 @@ const (
 func roundKey(r int, name string) string { return "round/" + strconv.Itoa(r) + "/" + name }
 
 func nodesKey(r int) string           { return roundKey(r, "node/") }
+func arrivalsKey(r int) string        { return roundKey(r, "arrivals") }
 func nodeKey(r int, id string) string { return nodesKey(r) + id }
 func callKey(r int) string            { return roundKey(r, "call/") }
 func lastCallKey(r int) string        { return callKey(r) + "last" }
@@ -111,12 +121,45 @@ type member struct {
 	arrival int64
 }
 
-// roster is a decided round: its members in group-rank order, and the
-// revision at which they were read (a member whose key is deleted after
-// it is lost).
+func seatsKey(r int, by string) string    { return roundKey(r, "seat/"+by+"/") }
+func seatKey(r int, by, id string) string { return seatsKey(r, by) + id }
+
+// roster is a decided round as its decider sees it: the members in
+// group-rank order, and the revision at which they were read.
 type roster struct {
-	Rev   int64    `json:"rev"`
-	Nodes []member `json:"nodes"`
+	Rev   int64
+	Nodes []member
+}
+
+// decision is what the final key says of a decided round.
+type decision struct {
+	// Rev is the revision at which the decider read the members: a
+	// member's key deleted after it means the member is gone.
+	Rev int64 `json:"rev"`
+	// By is the decider, under whose name the seats are.
+	By string `json:"by"`
+	// N is the number of members; 0 voids the round.
+	N int `json:"n"`
+	// World is the sum of the members' NProc.
+	World int `json:"world"`
+}
+
+// seat is a member's place in a decided round, with what it published.
+type seat struct {
+	member
+	GroupRank int `json:"group_rank"`
+	FirstRank int `json:"first_rank"`
+}
+
+// decide makes the decision and the seats of roster ro, decided by by.
+func (ro roster) decide(by string) (decision, []seat) {
+	d := decision{Rev: ro.Rev, By: by, N: len(ro.Nodes)}
+	seats := make([]seat, len(ro.Nodes))
+	for i, m := range ro.Nodes {
+		seats[i] = seat{member: m, GroupRank: i, FirstRank: d.World}
+		d.World += m.NProc
+	}
+	return d, seats
 }
 
 // order sorts the members of a round into group ranks: by requested node
@@ -141,29 +184,13 @@ func order(ms []member) []member {
 	return ms
 }
 
-// place is a member's place in a decided round.
-type place struct {
-	groupRank, firstRank, worldSize int
-}
-
-// placeOf finds id in the roster; ok is false when it is not a member.
-func (r roster) placeOf(id string) (p place, ok bool) {
-	p.groupRank = -1
-	for i, m := range r.Nodes {
-		if m.ID == id {
-			p.groupRank, p.firstRank, ok = i, p.worldSize, true
-		}
-		p.worldSize += m.NProc
-	}
-	return p, ok
-}
-
 // view is what a joiner of a round sees at one revision.
 type view struct {
-	moved    bool    // the job's state is no longer the one joined
-	arrivals int     // node keys in the round
-	roster   *roster // the decided round, nil if undecided
-	member   bool    // this node is in the roster
+	moved    bool // the job's state is no longer the one joined
+	arrivals int  // node keys in the round
+	decided  bool // the round is decided (or void)
+	size     int  // its members, once decided
+	member   bool // this node is one of them
 	// lastCallDue: MinNodes arrived LastCallTimeout ago, on this node's
 	// clock; pastDeadline: its join timeout passed.
 	lastCallDue, pastDeadline bool
@@ -197,13 +224,13 @@ func nextStep(v view) step {
 	switch {
 	case v.moved:
 		return stepRetry
-	case v.roster != nil && v.member:
+	case v.decided && v.member:
 		return stepTakePart
-	case v.roster != nil && len(v.roster.Nodes) >= v.maxNodes:
+	case v.decided && v.size >= v.maxNodes:
 		return stepSpare
-	case v.roster != nil && v.pastDeadline:
+	case v.decided && v.pastDeadline:
 		return stepTimedOut
-	case v.roster != nil:
+	case v.decided:
 		return stepOpenNext
 	case v.arrivals >= v.maxNodes:
 		return stepDecide

@@ -5,20 +5,17 @@ import (
 )
 
 func TestNextStep(t *testing.T) {
-	full := &roster{Nodes: []member{{ID: "a"}, {ID: "b"}, {ID: "c"}}}
-	short := &roster{Nodes: []member{{ID: "a"}, {ID: "b"}}}
-	void := &roster{}
 	cases := []struct {
 		name string
 		v    view
 		want step
 	}{
-		{"the job moved on", view{moved: true, roster: full, member: true}, stepRetry},
-		{"decided with this node", view{roster: full, member: true}, stepTakePart},
-		{"decided full without it: spare", view{roster: full, arrivals: 4}, stepSpare},
-		{"decided below max without it: a late joiner opens the next", view{roster: short, arrivals: 3}, stepOpenNext},
-		{"voided by another at its deadline: open the next", view{roster: void, arrivals: 1}, stepOpenNext},
-		{"decided without it at its deadline", view{roster: short, pastDeadline: true}, stepTimedOut},
+		{"the job moved on", view{moved: true, decided: true, size: 3, member: true}, stepRetry},
+		{"decided with this node", view{decided: true, size: 3, member: true}, stepTakePart},
+		{"decided full without it: spare", view{decided: true, size: 3, arrivals: 4}, stepSpare},
+		{"decided below max without it: a late joiner opens the next", view{decided: true, size: 2, arrivals: 3}, stepOpenNext},
+		{"voided by another at its deadline: open the next", view{decided: true, arrivals: 1}, stepOpenNext},
+		{"decided without it at its deadline", view{decided: true, size: 2, pastDeadline: true}, stepTimedOut},
 		{"max arrived: decide at once", view{arrivals: 3}, stepDecide},
 		{"more than max arrived: decide", view{arrivals: 5}, stepDecide},
 		{"min arrived, last call open", view{arrivals: 2}, stepWait},
@@ -81,13 +78,16 @@ func TestOrder(t *testing.T) {
 	if got := ids(order(ms)); got[0] != "a" || got[1] != "b" {
 		t.Fatalf("order by request: got %v", got)
 	}
-	ro := roster{Nodes: []member{{ID: "a", NProc: 2}, {ID: "b", NProc: 3}, {ID: "c", NProc: 1}}}
-	p, ok := ro.placeOf("b")
-	if !ok || p != (place{groupRank: 1, firstRank: 2, worldSize: 6}) {
-		t.Fatalf("placeOf(b) = %+v, %v", p, ok)
+	ro := roster{Rev: 9, Nodes: []member{{ID: "a", NProc: 2}, {ID: "b", NProc: 3}, {ID: "c", NProc: 1}}}
+	d, seats := ro.decide("c")
+	if d != (decision{Rev: 9, By: "c", N: 3, World: 6}) {
+		t.Fatalf("decision = %+v", d)
 	}
-	if _, ok := ro.placeOf("z"); ok {
-		t.Fatal("placeOf(z): a stranger has a place")
+	if b := seats[1]; b.ID != "b" || b.GroupRank != 1 || b.FirstRank != 2 {
+		t.Fatalf("seat of b = %+v", b)
+	}
+	if c := seats[2]; c.GroupRank != 2 || c.FirstRank != 5 {
+		t.Fatalf("seat of c = %+v", c)
 	}
 }
 
