@@ -30,8 +30,8 @@ type fakeNet struct {
 
 	mu      sync.Mutex
 	dropped map[string]int
-	started atomic.Int64 // leaf agents started
-	stopped atomic.Int64 // leaf agents stopped by EOF or signal
+	started atomic.Int64  // leaf agents started
+	stopped atomic.Int64  // leaf agents stopped by EOF or signal
 	allUp   chan struct{} // closed when started reaches want
 	want    int64
 }
@@ -43,7 +43,7 @@ func newFakeNet(want int) *fakeNet {
 // fakeDialer is one launcher's dialer: it counts the connections that
 // launcher holds.
 type fakeDialer struct {
-	net       *fakeNet
+	net                 *fakeNet
 	open, max           atomic.Int64 // connections held
 	dialing, maxDialing atomic.Int64 // connections being set up
 	dials               atomic.Int64
