@@ -82,22 +82,21 @@ if [ "$RANK" = 4 ]; then exit 7; fi; sleep 2`+"\n")
 		// Without restarts the other agents fail at once, rather than
 		// wait in a new round for the lost node.
 		h, pids := startTreeSleepers(t, args(t, "--max-restarts", "0"))
-		// The agent on 127.0.0.2, which relays to 127.0.0.5: the child of
-		// the relay that sshd runs there.
-		relay := findProcess(t, c.servers[1].SessionPids(), "--ssh-relay")
-		agent := findProcess(t, sshtest.Descendants(relay), "--node-rank")
+		// The agent of a relay (the relay's child) on 127.0.0.1 or
+		// 127.0.0.2, whichever does not host the store.
+		ip, agent := relayAgent(t, c, h)
 		syscall.Kill(agent, syscall.SIGKILL)
 		code := h.wait(t, 60*time.Second)
-		if code == 0 || !regexp.MustCompile(`remote agent failed.*exit=137.*host=127\.0\.0\.2|host=127\.0\.0\.2.*exit=137`).MatchString(h.out.String()) {
-			t.Fatalf("want a failure naming 127.0.0.2, got %d:\n%s", code, h.out.String())
+		if code == 0 || !regexp.MustCompile(`remote agent failed.*exit=137.*host=`+regexp.QuoteMeta(ip)).MatchString(h.out.String()) {
+			t.Fatalf("want a failure naming %s, got %d:\n%s", ip, code, h.out.String())
 		}
 		waitDead(t, pids, h)
 	})
 
 	t.Run("a lost relay stops its subtree", func(t *testing.T) {
-		h, pids := startTreeSleepers(t, args(t))
-		relay := findProcess(t, c.servers[1].SessionPids(), "--ssh-relay")
-		syscall.Kill(relay, syscall.SIGKILL)
+		h, pids := startTreeSleepers(t, args(t, "--max-restarts", "0"))
+		_, agent := relayAgent(t, c, h)
+		syscall.Kill(parentOf(agent), syscall.SIGKILL)
 		if code := h.wait(t, 60*time.Second); code == 0 {
 			t.Fatalf("head exited 0 after a relay was killed:\n%s", h.out.String())
 		}
@@ -137,6 +136,30 @@ func startTreeSleepers(t *testing.T, args []string) (*agent, []int) {
 	return h, pids
 }
 
+// relayAgent finds the agent of a relay that does not host the store
+// (killing that one would leave the others retrying to reach it): the
+// child of the gorun --ssh-relay that sshd runs on 127.0.0.1 or 127.0.0.2.
+func relayAgent(t *testing.T, c *sshCluster, h *agent) (ip string, pid int) {
+	t.Helper()
+	i := slices.Index(h.cmd.Args, "--rdzv-endpoint")
+	_, port, _ := strings.Cut(h.cmd.Args[i+1], ":")
+	for k, s := range c.servers[:2] {
+		relay := findProcess(t, s.SessionPids(), "--"+sshRelayFlag)
+		agent := findProcess(t, sshtest.Descendants(relay), "--node-rank")
+		if sshdConnections(t, agent, []string{port}) == 0 && !listens(t, agent, port) {
+			return fmt.Sprintf("127.0.0.%d", k+1), agent
+		}
+	}
+	t.Fatal("both relays' agents host the store")
+	return "", 0
+}
+
+// listens reports whether pid has a listening TCP socket on port.
+func listens(t *testing.T, pid int, port string) bool {
+	t.Helper()
+	return tcpSockets(t, pid, "0A", []string{port}, false) > 0
+}
+
 // findProcess is the one of pids whose command line has word.
 func findProcess(t *testing.T, pids []int, word string) int {
 	t.Helper()
@@ -152,6 +175,13 @@ func findProcess(t *testing.T, pids []int, word string) int {
 
 // sshdConnections counts pid's established TCP connections to the ports.
 func sshdConnections(t *testing.T, pid int, ports []string) int {
+	t.Helper()
+	return tcpSockets(t, pid, "01", ports, true)
+}
+
+// tcpSockets counts pid's TCP sockets in state (01 established, 0A
+// listening) whose remote (or else local) port is one of ports.
+func tcpSockets(t *testing.T, pid int, state string, ports []string, remote bool) int {
 	t.Helper()
 	inodes := map[string]bool{}
 	fds, err := os.ReadDir(fmt.Sprintf("/proc/%d/fd", pid))
@@ -171,16 +201,19 @@ func sshdConnections(t *testing.T, pid int, ports []string) int {
 	n := 0
 	for _, line := range strings.Split(string(table), "\n")[1:] {
 		f := strings.Fields(line)
-		// sl local rem st ... inode (the 10th field); 01 is ESTABLISHED.
-		if len(f) < 10 || f[3] != "01" || !inodes[f[9]] {
+		// sl local rem st ... inode (the 10th field).
+		if len(f) < 10 || f[3] != state || !inodes[f[9]] {
 			continue
 		}
-		_, remPort, _ := strings.Cut(f[2], ":")
-		port, _ := strconv.ParseUint(remPort, 16, 16)
+		addr := f[1]
+		if remote {
+			addr = f[2]
+		}
+		_, hexPort, _ := strings.Cut(addr, ":")
+		port, _ := strconv.ParseUint(hexPort, 16, 16)
 		if slices.Contains(ports, strconv.Itoa(int(port))) {
 			n++
 		}
 	}
 	return n
 }
-
