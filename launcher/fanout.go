@@ -161,7 +161,9 @@ type remoteEnd struct {
 
 // Run dials the hosts (any failure fails the launch before anything
 // starts), starts the agents and waits for them. err is non-nil only when
-// the launch itself failed; the status of a job that started is code.
+// the launch itself failed; the status of a job that started is code. In
+// a tree, a relay that cannot reach a host of its share reports it naming
+// the host, and the job is stopped as if a host had been lost.
 //
 // Beyond FanOut hosts, unless NoTree is set or Relay is empty, the launch
 // is a tree: Run reaches the first FanOut hosts only, and each of them

@@ -49,5 +49,12 @@ func runRelay(ctx context.Context, stdin io.Reader, stdout, stderr io.Writer) (i
 	signal.Notify(signals, syscall.SIGINT, syscall.SIGTERM)
 	defer signal.Stop(signals)
 	f.Signals = stopOnStdinEOF(ctx, in, signals, log)
-	return f.Run(ctx)
+	code, err := f.Run(ctx)
+	if err != nil && plan.EventMarker != "" {
+		// Hosts of this subtree never started: the job cannot form, and
+		// the head stops it at once, as it would have stopped its own
+		// launch (the error, naming the host, follows on stderr).
+		fmt.Fprintf(stderr, "%s lost\n", plan.EventMarker)
+	}
+	return code, err
 }
