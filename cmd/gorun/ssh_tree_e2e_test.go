@@ -33,9 +33,9 @@ func TestSSHTreeLaunch(t *testing.T) {
 	}
 
 	// After a node is lost the others wait in a new round for it (a
-	// membership change is no restart); a shorter join timeout (still long enough for a loaded machine to start
-	// them all) makes them
-	// fail soon, rather than after the head's failure grace.
+	// membership change is no restart); a shorter join timeout, still
+	// long enough for a loaded machine to start them all, makes them fail
+	// soon, rather than after the head's failure grace.
 	failFast := func(t *testing.T) []string {
 		a := args(t, "--max-restarts", "0")
 		i := slices.Index(a, "--rdzv-conf")
