@@ -6,10 +6,12 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math/rand/v2"
 	"os"
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -65,7 +67,7 @@ type Fanout struct {
 	// job's agents need the exit barrier and their workers' shutdown).
 	FailureGrace time.Duration
 	// Stage, when set, is copied to every host that lacks it (see
-	// SSHClient.Stage), at StageTo or in the host's cache folder, and
+	// stageBinary), at StageTo or in the host's cache folder, and
 	// becomes each agent's Argv[0].
 	Stage   *Binary
 	StageTo string
@@ -79,6 +81,70 @@ type Fanout struct {
 	Endpoint     string
 	EndpointPort int
 	Logger       zerolog.Logger
+
+	// FanOut bounds the SSH connections this launcher opens: at most
+	// FanOut hosts are being dialed at any time, and a tree launch holds
+	// at most FanOut connections (0 = DefaultFanOut).
+	FanOut int
+	// NoTree launches every host from here however many there are: FanOut
+	// then bounds the connections being set up at once, not those held.
+	NoTree bool
+	// Relay is the command line that runs a relay of a tree launch on a
+	// host (gorun --ssh-relay, which reads its RelayPlan on stdin); an
+	// empty Relay makes every launch flat. A staged binary replaces its
+	// first word.
+	Relay []string
+	// Retries is how many more times a host is dialed whose sshd dropped
+	// the connection during set-up (see retryDial), after a wait that
+	// starts at RetryBackoff (0 = 250 ms), doubles, and is jittered.
+	Retries      int
+	RetryBackoff time.Duration
+	// Dialer reaches the hosts (nil = SSH with the settings of SSH).
+	Dialer Dialer
+	// Self, on a relay, is the agent of the relay's own host, which Local
+	// runs (nil = a child process of this one), beside the Agents.
+	Self  *RemoteAgent
+	Local Conn
+}
+
+// DefaultFanOut is the connections a launcher opens at most when the
+// caller sets none: pdsh's default fan-out.
+const DefaultFanOut = 32
+
+// Dialer connects a Fanout to its hosts.
+type Dialer interface {
+	Dial(ctx context.Context, host string) (Conn, error)
+}
+
+// Conn is one host that a Dialer reached, or, for a relay's own agent,
+// this machine.
+type Conn interface {
+	// Host names the host in messages.
+	Host() string
+	// HostName is what the host name resolved to, as the connection
+	// dialed it (see rendezvousEndpoint).
+	HostName() string
+	// Start runs argv in dir with env added, writes stdin to it and keeps
+	// its stdin open (see SSHProcess); stdout and stderr get its output.
+	Start(ctx context.Context, dir string, env, argv []string, stdin []byte, stdout, stderr io.Writer) (Process, error)
+	// Output runs a short shell script and returns its stdout (see
+	// SSHClient.Output).
+	Output(ctx context.Context, env []string, script string, in io.Reader) ([]byte, error)
+	// Close ends the connection; the commands it runs see EOF on stdin.
+	Close() error
+}
+
+// Process is a started agent, a remote one or a relay's own.
+type Process interface {
+	// Wait returns the exit status, 128+n after signal n; err only when
+	// the status is unknown (the connection was lost).
+	Wait() (code int, err error)
+	Done() <-chan struct{}
+	// CloseStdin asks the agent to stop (the stdin contract of SSHProcess).
+	CloseStdin() error
+	Signal(sig syscall.Signal) error
+	// Close stops it: EOF on stdin and SIGTERM, SIGKILL later.
+	Close()
 }
 
 type remoteEnd struct {
@@ -87,62 +153,99 @@ type remoteEnd struct {
 	err  error
 }
 
-// Run dials every host (any failure fails the launch before anything
+// Run dials the hosts (any failure fails the launch before anything
 // starts), starts the agents and waits for them. err is non-nil only when
 // the launch itself failed; the status of a job that started is code.
+//
+// Beyond FanOut hosts, unless NoTree is set or Relay is empty, the launch
+// is a tree: Run reaches the first FanOut hosts only, and each of them
+// runs a relay that starts its own agent and launches its share of the
+// other hosts the same way (see treeShares and RelayPlan), so that no
+// launcher holds more than FanOut connections. A relay's status is its
+// subtree's, by the rules above, and its stdout and stderr carry its
+// subtree's output, so the head sees what a flat launch shows. Every relay
+// reaches its share by the host names given, through its own ssh_config:
+// a name known only to the head's needs NoTree.
+//
+// The cost of a host (a TCP connect, an SSH key exchange and public key
+// authentication, then a session whose exec forks the login shell) is
+// paid by all hosts at once, up to FanOut set-ups at a time; the hosts
+// used to be started one after another after dialing, which made a flat
+// launch's time grow by a session round trip and a fork per host.
 func (f *Fanout) Run(ctx context.Context) (code int, err error) {
-	if len(f.Agents) == 0 {
+	if len(f.Agents) == 0 && f.Self == nil {
 		return 0, errors.New("launcher: no hosts to launch on")
 	}
 	stopTimeout := cmp.Or(f.StopTimeout, 35*time.Second)
 	grace := cmp.Or(f.FailureGrace, 2*time.Minute)
+	fanOut := f.fanOut()
+	dialer := f.Dialer
+	if dialer == nil {
+		if dialer, err = NewSSHDialer(f.SSH); err != nil {
+			return 0, &LaunchError{err}
+		}
+	}
+	var shares [][]int
+	direct := len(f.Agents)
+	if !f.NoTree && len(f.Relay) > 0 && len(f.Agents) > fanOut {
+		shares = treeShares(len(f.Agents), fanOut)
+		direct = len(shares)
+	}
 
-	// Dial all hosts at once; one failure closes every connection.
-	clients := make([]*SSHClient, len(f.Agents))
-	errs := make([]error, len(f.Agents))
-	dialCtx, cancelDial := context.WithCancel(ctx)
-	var wg sync.WaitGroup
-	for i, a := range f.Agents {
-		wg.Go(func() {
-			clients[i], errs[i] = DialSSH(dialCtx, a.Host, f.SSH)
-			if errs[i] != nil {
-				cancelDial()
-			}
-		})
-	}
-	wg.Wait()
-	cancelDial()
-	closeAll := func() {
-		for _, c := range clients {
-			if c != nil {
-				c.Close()
-			}
-		}
-	}
-	for i, err := range errs {
-		if err != nil && !errors.Is(err, context.Canceled) {
-			closeAll()
-			return 0, &LaunchError{fmt.Errorf("cannot reach host %s: %w", f.Agents[i].Host, err)}
-		}
-	}
-	for i, err := range errs {
-		if err != nil {
-			closeAll()
-			return 0, &LaunchError{fmt.Errorf("cannot reach host %s: %w", f.Agents[i].Host, err)}
-		}
-	}
-	defer closeAll()
-	agents, err := f.withEndpoint(ctx, clients)
+	conns, err := f.dialAll(ctx, dialer, f.Agents[:direct], fanOut)
 	if err != nil {
 		return 0, &LaunchError{err}
 	}
-	if agents, err = f.stage(ctx, clients, agents); err != nil {
+	if f.Self != nil {
+		local := f.Local
+		if local == nil {
+			local = newLocalConn(f.Self.Host, f.SSH.StopGrace)
+		}
+		conns = append(conns, local)
+	}
+	closeAll := func() {
+		for _, c := range conns {
+			c.Close()
+		}
+	}
+	defer closeAll()
+	agents, err := f.withEndpoint(ctx, conns)
+	if err != nil {
 		return 0, &LaunchError{err}
+	}
+	paths, err := f.stage(ctx, conns[:direct], agents[:direct])
+	if err != nil {
+		return 0, &LaunchError{err}
+	}
+	launch := make([]RemoteAgent, direct, len(conns))
+	for i, a := range agents[:direct] {
+		if paths[i] != "" {
+			a.Argv = append([]string{paths[i]}, a.Argv[1:]...)
+		}
+		launch[i] = a
+		if shares == nil || len(shares[i]) == 0 {
+			continue
+		}
+		share := make([]RemoteAgent, len(shares[i]))
+		for j, k := range shares[i] {
+			share[j] = agents[k]
+		}
+		plan, err := f.relayPlan(a, share).encode()
+		if err != nil {
+			return 0, &LaunchError{err}
+		}
+		relay := slices.Clone(f.Relay)
+		if paths[i] != "" {
+			relay[0] = paths[i]
+		}
+		launch[i] = RemoteAgent{Host: a.Host, Argv: relay, Env: a.Env, Stdin: plan}
+	}
+	if f.Self != nil {
+		launch = append(launch, *f.Self)
 	}
 
 	stdout := NewConsole(f.Stdout, ConsoleOptions{})
 	stderr := NewConsole(f.Stderr, ConsoleOptions{})
-	procs := make([]*SSHProcess, len(f.Agents))
 	var writers []io.Closer
 	defer func() {
 		for _, w := range writers {
@@ -152,28 +255,37 @@ func (f *Fanout) Run(ctx context.Context) (code int, err error) {
 	// The processes outlive ctx: stopping them is Run's job, by signal.
 	runCtx := context.WithoutCancel(ctx)
 	reports := &reportsSeen{}
-	for i, a := range agents {
+	outs := make([]io.Writer, len(launch))
+	errOuts := make([]io.Writer, len(launch))
+	for i := range launch {
 		out, errOut := stdout.Writer(""), &reportFilter{w: stderr.Writer(""), seen: reports}
 		writers = append(writers, out, errOut)
-		p, err := clients[i].Start(runCtx, f.Dir, a.Env, a.Argv, out, errOut)
-		if err == nil && len(a.Stdin) > 0 {
-			if _, err = p.stdin.Write(a.Stdin); err != nil {
-				p.Close()
-				p.Wait()
-			}
-		}
-		if err != nil {
-			for _, p := range procs[:i] {
-				p.Close()
-			}
-			for _, p := range procs[:i] {
-				p.Wait()
-			}
-			return 0, fmt.Errorf("cannot start the agent on host %s: %w", a.Host, err)
-		}
-		procs[i] = p
+		outs[i], errOuts[i] = out, errOut
 	}
-	f.Logger.Info().Int("hosts", len(procs)).Msg("started the remote agents")
+	// All at once: each start is a round trip to sshd and a fork there.
+	procs := make([]Process, len(launch))
+	errs := make([]error, len(launch))
+	var wg sync.WaitGroup
+	for i, a := range launch {
+		wg.Go(func() {
+			procs[i], errs[i] = conns[i].Start(runCtx, f.Dir, a.Env, a.Argv, a.Stdin, outs[i], errOuts[i])
+		})
+	}
+	wg.Wait()
+	if i := slices.IndexFunc(errs, func(err error) bool { return err != nil }); i >= 0 {
+		for _, p := range procs {
+			if p != nil {
+				p.Close()
+			}
+		}
+		for _, p := range procs {
+			if p != nil {
+				p.Wait()
+			}
+		}
+		return 0, fmt.Errorf("cannot start the agent on host %s: %w", launch[i].Host, errs[i])
+	}
+	f.Logger.Info().Int("hosts", len(procs)).Int("tree", len(f.Agents)-direct).Msg("started the remote agents")
 
 	ends := make(chan remoteEnd, len(procs))
 	for i, p := range procs {
@@ -203,7 +315,7 @@ func (f *Fanout) Run(ctx context.Context) (code int, err error) {
 		select {
 		case e := <-ends:
 			running--
-			host := f.Agents[e.i].Host
+			host := launch[e.i].Host
 			c := e.code
 			if e.err != nil {
 				fmt.Fprintf(f.Stderr, "gorun: host %s: the remote agent was lost: %v\n", host, e.err)
@@ -240,7 +352,7 @@ func (f *Fanout) Run(ctx context.Context) (code int, err error) {
 				select {
 				case <-p.Done():
 				default:
-					fmt.Fprintf(f.Stderr, "gorun: host %s: the remote agent did not stop; closing its connection\n", f.Agents[i].Host)
+					fmt.Fprintf(f.Stderr, "gorun: host %s: the remote agent did not stop; closing its connection\n", launch[i].Host)
 				}
 			}
 			closeAll()
@@ -253,21 +365,99 @@ func (f *Fanout) Run(ctx context.Context) (code int, err error) {
 	return status, nil
 }
 
+func (f *Fanout) fanOut() int {
+	if f.FanOut > 0 {
+		return f.FanOut
+	}
+	return DefaultFanOut
+}
+
+// dialAll dials the hosts of agents, at most window at a time, each
+// retried as retryDial allows; the first failure cancels the others and
+// closes every connection made.
+func (f *Fanout) dialAll(ctx context.Context, d Dialer, agents []RemoteAgent, window int) ([]Conn, error) {
+	conns := make([]Conn, len(agents))
+	errs := make([]error, len(agents))
+	dialCtx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	var next atomic.Int64
+	var wg sync.WaitGroup
+	for range min(window, len(agents)) {
+		wg.Go(func() {
+			for {
+				i := int(next.Add(1) - 1)
+				if i >= len(agents) || dialCtx.Err() != nil {
+					return
+				}
+				conns[i], errs[i] = f.dialRetrying(dialCtx, d, agents[i].Host)
+				if errs[i] != nil {
+					cancel()
+				}
+			}
+		})
+	}
+	wg.Wait()
+	// The root cause, not a dial that the first failure cancelled.
+	i := slices.IndexFunc(errs, func(err error) bool { return err != nil && !errors.Is(err, context.Canceled) })
+	if i < 0 {
+		i = slices.IndexFunc(errs, func(err error) bool { return err != nil })
+	}
+	if i < 0 && ctx.Err() != nil {
+		i, errs[0] = 0, ctx.Err()
+	}
+	if i >= 0 {
+		for _, c := range conns {
+			if c != nil {
+				c.Close()
+			}
+		}
+		return nil, fmt.Errorf("cannot reach host %s: %w", agents[i].Host, errs[i])
+	}
+	return conns, nil
+}
+
+// dialRetrying dials host, again after a jittered, growing wait while the
+// error is one that retryDial says a retry may cure, f.Retries times at most.
+func (f *Fanout) dialRetrying(ctx context.Context, d Dialer, host string) (Conn, error) {
+	for attempt := 0; ; attempt++ {
+		c, err := d.Dial(ctx, host)
+		if err == nil {
+			return c, nil
+		}
+		if attempt >= f.Retries || !retryDial(err) || ctx.Err() != nil {
+			if attempt > 0 {
+				err = fmt.Errorf("%d attempts, the last: %w", attempt+1, err)
+			}
+			return nil, err
+		}
+		wait := retryDelay(attempt, f.RetryBackoff, rand.Float64())
+		f.Logger.Debug().Err(err).Str("host", host).Dur("wait", wait).Msg("ssh connection dropped during set-up; retrying")
+		t := time.NewTimer(wait)
+		select {
+		case <-t.C:
+		case <-ctx.Done():
+			t.Stop()
+			return nil, ctx.Err()
+		}
+	}
+}
+
 // withEndpoint returns f.Agents with the rendezvous endpoint at their
-// EndpointArg, asking the first host for its address unless f.Endpoint
-// is given.
-func (f *Fanout) withEndpoint(ctx context.Context, clients []*SSHClient) ([]RemoteAgent, error) {
+// EndpointArg, asking the first host (conns[0]) for its address unless
+// f.Endpoint is given. Each agent's EndpointArg is then 0: a relay that
+// gets them passes them on as they are.
+func (f *Fanout) withEndpoint(ctx context.Context, conns []Conn) ([]RemoteAgent, error) {
 	if !slices.ContainsFunc(f.Agents, func(a RemoteAgent) bool { return a.EndpointArg > 0 }) {
 		return f.Agents, nil
 	}
 	var conn string
 	if f.Endpoint == "" {
 		var err error
-		if conn, err = clients[0].sshConnection(ctx); err != nil {
+		if conn, err = sshConnection(ctx, conns[0]); err != nil {
 			return nil, fmt.Errorf("cannot find the address of host %s: %w", f.Agents[0].Host, err)
 		}
 	}
-	endpoint := rendezvousEndpoint(f.Endpoint, f.EndpointPort, conn, clients[0].hostname)
+	endpoint := rendezvousEndpoint(f.Endpoint, f.EndpointPort, conn, conns[0].HostName())
 	f.Logger.Info().Str("endpoint", endpoint).Str("ssh_connection", strings.TrimSpace(conn)).Msg("rendezvous endpoint")
 	agents := slices.Clone(f.Agents)
 	for i, a := range agents {
@@ -279,28 +469,28 @@ func (f *Fanout) withEndpoint(ctx context.Context, clients []*SSHClient) ([]Remo
 		}
 		agents[i].Argv = slices.Clone(a.Argv)
 		agents[i].Argv[a.EndpointArg] = endpoint
+		agents[i].EndpointArg = 0
 	}
 	return agents, nil
 }
 
-// stage copies f.Stage to every host that lacks it, all hosts at once, and
-// returns agents with the staged path as their program; without f.Stage
-// it returns agents as they are.
-func (f *Fanout) stage(ctx context.Context, clients []*SSHClient, agents []RemoteAgent) ([]RemoteAgent, error) {
+// stage copies f.Stage to the hosts of conns that lack it, all at once,
+// and returns the staged path on each; without f.Stage, "" for each.
+func (f *Fanout) stage(ctx context.Context, conns []Conn, agents []RemoteAgent) ([]string, error) {
+	paths := make([]string, len(agents))
 	if f.Stage == nil {
-		return agents, nil
+		return paths, nil
 	}
-	agents = slices.Clone(agents)
 	errs := make([]error, len(agents))
 	var wg sync.WaitGroup
 	for i := range agents {
 		wg.Go(func() {
-			path, copied, err := clients[i].Stage(ctx, *f.Stage, f.StageTo, agents[i].Env)
+			path, copied, err := stageBinary(ctx, conns[i], *f.Stage, f.StageTo, agents[i].Env)
 			if err != nil {
 				errs[i] = err
 				return
 			}
-			agents[i].Argv = append([]string{path}, agents[i].Argv[1:]...)
+			paths[i] = path
 			f.Logger.Info().Str("host", agents[i].Host).Str("path", path).Bool("copied", copied).Msg("staged gorun")
 		})
 	}
@@ -308,7 +498,7 @@ func (f *Fanout) stage(ctx context.Context, clients []*SSHClient, agents []Remot
 	if err := errors.Join(errs...); err != nil {
 		return nil, fmt.Errorf("--stage-binary: %w", err)
 	}
-	return agents, nil
+	return paths, nil
 }
 
 // LaunchError is a host the head could not start its agent on: not

@@ -125,6 +125,30 @@ func DialSSH(ctx context.Context, host string, cfg SSHConfig) (*SSHClient, error
 	if err != nil {
 		return nil, err
 	}
+	return d.dial(ctx, host)
+}
+
+// NewSSHDialer returns a Dialer that connects as DialSSH does, with
+// ssh_config read once for all hosts.
+func NewSSHDialer(cfg SSHConfig) (Dialer, error) {
+	d, err := newSSHDialer(cfg)
+	if err != nil {
+		return nil, err
+	}
+	return d, nil
+}
+
+// Dial makes d a Dialer.
+func (d *sshDialer) Dial(ctx context.Context, host string) (Conn, error) {
+	c, err := d.dial(ctx, host)
+	if err != nil {
+		return nil, err
+	}
+	return sshConn{c}, nil
+}
+
+func (d *sshDialer) dial(ctx context.Context, host string) (*SSHClient, error) {
+	cfg := d.cfg
 	t, client, jumps, err := d.connect(ctx, host, nil, "", 0)
 	if err != nil {
 		return nil, err
@@ -156,6 +180,26 @@ func DialSSH(ctx context.Context, host string, cfg SSHConfig) (*SSHClient, error
 
 // Host names the host in messages: "alias (address)" or the address.
 func (c *SSHClient) Host() string { return c.name }
+
+// sshConn is an SSHClient as a Fanout's Conn.
+type sshConn struct{ *SSHClient }
+
+func (c sshConn) HostName() string { return c.hostname }
+
+func (c sshConn) Start(ctx context.Context, dir string, env, argv []string, stdin []byte, stdout, stderr io.Writer) (Process, error) {
+	p, err := c.SSHClient.Start(ctx, dir, env, argv, stdout, stderr)
+	if err != nil {
+		return nil, err
+	}
+	if len(stdin) > 0 {
+		if _, err := p.stdin.Write(stdin); err != nil {
+			p.Close()
+			p.Wait()
+			return nil, err
+		}
+	}
+	return p, nil
+}
 
 // Close closes the connection and those to jump hosts. Remote commands still
 // running see EOF on stdin; their SSHProcess.Wait returns an error.

@@ -68,7 +68,7 @@ func rendezvousEndpoint(explicit string, port int, sshConnection, hostname strin
 // sshConnection returns what a session on c's host prints: the
 // SSH_CONNECTION that sshd sets ("" when it sets none), after whatever the
 // login scripts print.
-func (c *SSHClient) sshConnection(ctx context.Context) (string, error) {
+func sshConnection(ctx context.Context, c Conn) (string, error) {
 	out, err := c.Output(ctx, nil, `printf '%s\n' "$SSH_CONNECTION"`, nil)
 	return string(out), err
 }

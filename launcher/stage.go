@@ -42,7 +42,7 @@ var unameMachine = map[string]string{
 	"amd64": "x86_64", "arm64": "aarch64", "ppc64le": "ppc64le", "s390x": "s390x", "riscv64": "riscv64",
 }
 
-// Stage makes sure the host has b at remote, or, when remote is empty, in
+// stageBinary makes sure the host of c has b at remote, or, when remote is empty, in
 // its cache folder ($XDG_CACHE_HOME or ~/.cache, then gorun/) under a name
 // made of b's checksum. It copies b only when the host lacks that file, and
 // returns the remote path. A file already at an explicit remote path is
@@ -50,7 +50,7 @@ var unameMachine = map[string]string{
 // into place once whole, so a concurrent launch never runs half a file;
 // a host of another OS or architecture is refused, since b cannot run there.
 // env is added to the remote shell's environment (XDG_CACHE_HOME, say).
-func (c *SSHClient) Stage(ctx context.Context, b Binary, remote string, env []string) (path string, copied bool, err error) {
+func stageBinary(ctx context.Context, c Conn, b Binary, remote string, env []string) (path string, copied bool, err error) {
 	dest := `"${XDG_CACHE_HOME:-$HOME/.cache}/gorun/gorun-` + b.Sum[:16] + `"`
 	if remote != "" {
 		dest = shellQuote(remote)
@@ -61,11 +61,11 @@ func (c *SSHClient) Stage(ctx context.Context, b Binary, remote string, env []st
 	}
 	lines := strings.Split(strings.TrimSuffix(string(out), "\n"), "\n")
 	if len(lines) != 3 {
-		return "", false, fmt.Errorf("stage %s on %s: unexpected answer %q", b.Path, c.name, out)
+		return "", false, fmt.Errorf("stage %s on %s: unexpected answer %q", b.Path, c.Host(), out)
 	}
 	system, path, state := lines[0], lines[1], lines[2]
 	if want := "Linux " + unameMachine[runtime.GOARCH]; runtime.GOOS != "linux" || system != want {
-		return "", false, fmt.Errorf("stage %s on %s: the host is %q and this gorun is %s/%s: install a gorun built for it and pass --remote-gorun", b.Path, c.name, system, runtime.GOOS, runtime.GOARCH)
+		return "", false, fmt.Errorf("stage %s on %s: the host is %q and this gorun is %s/%s: install a gorun built for it and pass --remote-gorun", b.Path, c.Host(), system, runtime.GOOS, runtime.GOARCH)
 	}
 	if state == "present" {
 		return path, false, nil
@@ -80,7 +80,7 @@ func (c *SSHClient) Stage(ctx context.Context, b Binary, remote string, env []st
 		`cat > "$t"; n=$(wc -c < "$t"); [ "$n" -eq ` + strconv.FormatInt(b.Size, 10) + ` ] || { echo "received $n of ` + strconv.FormatInt(b.Size, 10) + ` bytes" >&2; exit 1; }; ` +
 		`chmod 755 "$t"; mv -f "$t" ` + q + `; trap - EXIT`
 	if _, err := c.Output(ctx, env, script, f); err != nil {
-		return "", false, fmt.Errorf("stage %s at %s on %s: %w", b.Path, path, c.name, err)
+		return "", false, fmt.Errorf("stage %s at %s on %s: %w", b.Path, path, c.Host(), err)
 	}
 	return path, true, nil
 }

@@ -43,6 +43,10 @@ func headFlags() []cli.Flag {
 		stringFlag("ssh-config", "", "ssh_config file (default ~/.ssh/config; none: read none)"),
 		stringSliceFlag("ssh-identity", "private key to log in with; repeatable"),
 		stringFlag("ssh-known-hosts", "", "known_hosts file (default: ssh_config's UserKnownHostsFile, then ~/.ssh/known_hosts)"),
+		stringFlag("ssh-fanout", strconv.Itoa(launcher.DefaultFanOut), "the most SSH connections the head, and each host that relays the launch, opens and holds: beyond N hosts the launch is a tree"),
+		boolFlag("ssh-no-tree", "launch every host from the head, however many (--ssh-fanout then bounds the connections being set up at once)"),
+		stringFlag("ssh-retries", "3", "dial a host again up to N times when its sshd drops the connection during set-up (MaxStartups)"),
+		hiddenBoolFlag(sshRelayFlag, "relay a tree launch: read the plan of this host's subtree from stdin: set on remote hosts"),
 		hiddenStringFlag("node-hosts", "the job's hosts in node-rank order, as the head names them, for the rendezvous's reports: set on remote agents"),
 		hiddenBoolFlag("exit-on-stdin-eof", "stop the job (as on SIGTERM) when stdin reaches EOF: set on remote agents"),
 		hiddenBoolFlag(tokenStdinFlag, "read the rendezvous secret from the first line of stdin: set on remote agents"),
@@ -147,6 +151,14 @@ func planHead(c *cli.Context, spec elastic.Spec, secret string, log zerolog.Logg
 			fail(fmt.Errorf("--remote-dir: %w", err))
 		}
 	}
+	fanOut, err := strconv.Atoi(c.String("ssh-fanout"))
+	if err != nil || fanOut < 1 {
+		fail(fmt.Errorf("--ssh-fanout %q: want a number of connections, 1 or more", c.String("ssh-fanout")))
+	}
+	retries, err := strconv.Atoi(c.String("ssh-retries"))
+	if err != nil || retries < 0 {
+		fail(fmt.Errorf("--ssh-retries %q: want a number, 0 or more", c.String("ssh-retries")))
+	}
 	runID := c.String("rdzv-id")
 	if runID == "none" || runID == "" {
 		runID = randomID()
@@ -247,6 +259,10 @@ func planHead(c *cli.Context, spec elastic.Spec, secret string, log zerolog.Logg
 		Endpoint:     c.String("rdzv-endpoint"),
 		EndpointPort: rendezvous.DefaultEndpointPort,
 		Logger:       log,
+		FanOut:       fanOut,
+		NoTree:       c.Bool("ssh-no-tree"),
+		Relay:        []string{remoteGorun, "--" + sshRelayFlag},
+		Retries:      retries,
 	}}, nil
 }
 

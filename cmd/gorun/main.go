@@ -161,6 +161,11 @@ func newApp(stdout, stderr io.Writer, status *int) *cli.App {
 		// (see run), not the help on stdout.
 		OnUsageError: func(_ *cli.Context, err error, _ bool) error { return err },
 		Action: func(c *cli.Context) error {
+			if c.Bool(sshRelayFlag) {
+				code, err := runRelay(c.Context, os.Stdin, stdout, stderr)
+				*status = code
+				return err
+			}
 			if c.NArg() == 0 {
 				return usageError{errors.New("no program given: gorun [flags] PROGRAM [ARGS...]")}
 			}

@@ -1,0 +1,221 @@
+package launcher
+
+import (
+	"bufio"
+	"encoding/json"
+	"fmt"
+	"io"
+	"slices"
+	"time"
+)
+
+// A tree launch, as Open MPI's routed launch: the head reaches at most
+// FanOut hosts, and each of those runs a relay (gorun --ssh-relay) that
+// starts its own host's agent and launches its share of the other hosts
+// the same way. The head and every relay then hold at most FanOut
+// connections, and n hosts are reached in about log_FanOut(n) steps.
+//
+// The head passes each relay a RelayPlan on stdin, after which stdin stays
+// open, as for an agent: EOF (the head, or the relay above, is gone or
+// stops the job) stops the relay's subtree, and a relay stopped by signal
+// stops its subtree as the head stops its hosts, by EOF and SIGTERM.
+
+// treeShares splits n hosts, for a launcher that reaches at most fanOut
+// hosts itself: it reaches hosts 0 to len(shares)-1, and host i launches
+// the hosts shares[i] in turn. The shares are consecutive runs of the
+// other hosts, as even as can be. Host 0 is reached directly: it hosts the
+// store, and the head asks it for the rendezvous endpoint.
+func treeShares(n, fanOut int) [][]int {
+	direct := min(n, max(fanOut, 1))
+	shares := make([][]int, direct)
+	rest := n - direct
+	next := direct
+	for i := range shares {
+		size := rest / direct
+		if i < rest%direct {
+			size++
+		}
+		for range size {
+			shares[i] = append(shares[i], next)
+			next++
+		}
+	}
+	return shares
+}
+
+// RelayPlan is what a relay receives on stdin, as one line of JSON: its
+// own host's agent, the hosts it launches, and how.
+type RelayPlan struct {
+	Self  RemoteAgent   `json:"-"`
+	Hosts []RemoteAgent `json:"-"`
+	// Relay is the command line of a relay, for the relay's own share.
+	Relay        []string      `json:"relay"`
+	Dir          string        `json:"dir,omitempty"`
+	SSH          RelaySSH      `json:"ssh"`
+	FanOut       int           `json:"fan_out"`
+	Retries      int           `json:"retries,omitempty"`
+	StopTimeout  time.Duration `json:"stop_timeout,omitempty"`
+	FailureGrace time.Duration `json:"failure_grace,omitempty"`
+	// Stage: the relay copies its own executable to its share's hosts
+	// that lack it, at StageTo or in their cache folder.
+	Stage   bool   `json:"stage,omitempty"`
+	StageTo string `json:"stage_to,omitempty"`
+	// LogLevel is the relay's own logger's (zerolog's names).
+	LogLevel string `json:"log_level,omitempty"`
+}
+
+// RelaySSH is the part of SSHConfig that a relay takes from the head:
+// the files are the same paths on every host.
+type RelaySSH struct {
+	User           string        `json:"user,omitempty"`
+	Port           int           `json:"port,omitempty"`
+	IdentityFiles  []string      `json:"identity_files,omitempty"`
+	ConfigFile     string        `json:"config_file,omitempty"`
+	KnownHosts     string        `json:"known_hosts,omitempty"`
+	AcceptNew      bool          `json:"accept_new,omitempty"`
+	AgentSocket    string        `json:"agent_socket,omitempty"`
+	ConnectTimeout time.Duration `json:"connect_timeout,omitempty"`
+}
+
+// relayPlan is the plan of the relay on self's host for share.
+func (f *Fanout) relayPlan(self RemoteAgent, share []RemoteAgent) *RelayPlan {
+	level := ""
+	if l := f.Logger.GetLevel(); l <= 0 {
+		level = l.String() // debug and trace travel; others show warnings
+	}
+	return &RelayPlan{
+		Self: self, Hosts: share, Relay: f.Relay, Dir: f.Dir,
+		SSH: RelaySSH{
+			User: f.SSH.User, Port: f.SSH.Port, IdentityFiles: f.SSH.IdentityFiles,
+			ConfigFile: f.SSH.ConfigFile, KnownHosts: f.SSH.KnownHosts, AcceptNew: f.SSH.AcceptNew,
+			AgentSocket: f.SSH.AgentSocket, ConnectTimeout: f.SSH.ConnectTimeout,
+		},
+		FanOut: f.fanOut(), Retries: f.Retries,
+		StopTimeout: f.StopTimeout, FailureGrace: f.FailureGrace,
+		Stage: f.Stage != nil, StageTo: f.StageTo,
+		LogLevel: level,
+	}
+}
+
+// SSHConfig is the relay's SSHConfig.
+func (p *RelayPlan) SSHConfig() SSHConfig {
+	s := p.SSH
+	return SSHConfig{
+		User: s.User, Port: s.Port, IdentityFiles: s.IdentityFiles, ConfigFile: s.ConfigFile,
+		KnownHosts: s.KnownHosts, AcceptNew: s.AcceptNew, AgentSocket: s.AgentSocket, ConnectTimeout: s.ConnectTimeout,
+	}
+}
+
+// Fanout is the relay's launch: its own agent beside its share, with the
+// head's settings; the caller adds the streams, signals and logger, and
+// Stage when p.Stage.
+func (p *RelayPlan) Fanout() Fanout {
+	self := p.Self
+	return Fanout{
+		Agents: p.Hosts, Self: &self, Relay: p.Relay, Dir: p.Dir, SSH: p.SSHConfig(),
+		FanOut: p.FanOut, Retries: p.Retries,
+		StopTimeout: p.StopTimeout, FailureGrace: p.FailureGrace, StageTo: p.StageTo,
+	}
+}
+
+// The plan's hosts differ from one another in a few arguments (the node
+// rank, slots) and share the rest, the list of all hosts among them, so
+// that writing each argv whole would make the head send O(n²) bytes. A
+// host is written as its differences from the relay's own agent.
+type relayPlanJSON struct {
+	*RelayPlan
+	Self  RemoteAgent `json:"self"`
+	Hosts []relayHost `json:"hosts"`
+}
+
+type relayHost struct {
+	Host string `json:"host"`
+	// Args replace the self agent's arguments at their index...
+	Args map[int]string `json:"args,omitempty"`
+	// ...unless Argv has a length of its own.
+	Argv []string `json:"argv,omitempty"`
+	// Env and Stdin are the self agent's unless Own says otherwise.
+	Env      []string `json:"env,omitempty"`
+	OwnEnv   bool     `json:"own_env,omitempty"`
+	Stdin    []byte   `json:"stdin,omitempty"`
+	OwnStdin bool     `json:"own_stdin,omitempty"`
+}
+
+// encode writes p as one line of JSON.
+func (p *RelayPlan) encode() ([]byte, error) {
+	j := relayPlanJSON{RelayPlan: p, Self: p.Self, Hosts: make([]relayHost, len(p.Hosts))}
+	base := p.Self
+	for i, a := range p.Hosts {
+		h := relayHost{Host: a.Host}
+		if len(a.Argv) == len(base.Argv) {
+			for k, arg := range a.Argv {
+				if arg != base.Argv[k] {
+					if h.Args == nil {
+						h.Args = map[int]string{}
+					}
+					h.Args[k] = arg
+				}
+			}
+		} else {
+			h.Argv = a.Argv
+		}
+		if !slices.Equal(a.Env, base.Env) {
+			h.Env, h.OwnEnv = a.Env, true
+		}
+		if !slices.Equal(a.Stdin, base.Stdin) {
+			h.Stdin, h.OwnStdin = a.Stdin, true
+		}
+		j.Hosts[i] = h
+	}
+	b, err := json.Marshal(j)
+	if err != nil {
+		return nil, fmt.Errorf("launcher: relay plan: %w", err)
+	}
+	return append(b, '\n'), nil
+}
+
+// ReadRelayPlan reads a relay's plan, the first line of r; the rest of r
+// is the relay's stdin, which ends when the launcher above is gone.
+func ReadRelayPlan(r *bufio.Reader) (*RelayPlan, error) {
+	line, err := r.ReadBytes('\n')
+	if err != nil {
+		if err == io.EOF {
+			err = io.ErrUnexpectedEOF
+		}
+		return nil, fmt.Errorf("launcher: read the relay plan: %w", err)
+	}
+	return decodeRelayPlan(line)
+}
+
+func decodeRelayPlan(line []byte) (*RelayPlan, error) {
+	p := &RelayPlan{}
+	j := relayPlanJSON{RelayPlan: p}
+	if err := json.Unmarshal(line, &j); err != nil {
+		return nil, fmt.Errorf("launcher: relay plan: %w", err)
+	}
+	p.Self = j.Self
+	if len(p.Self.Argv) == 0 {
+		return nil, fmt.Errorf("launcher: relay plan: no agent for this host")
+	}
+	p.Hosts = make([]RemoteAgent, len(j.Hosts))
+	for i, h := range j.Hosts {
+		a := RemoteAgent{Host: h.Host, Argv: h.Argv, Env: p.Self.Env, Stdin: p.Self.Stdin}
+		if a.Argv == nil {
+			a.Argv = slices.Clone(p.Self.Argv)
+			for k, arg := range h.Args {
+				if k < 0 || k >= len(a.Argv) {
+					return nil, fmt.Errorf("launcher: relay plan: host %s: argument %d of %d", h.Host, k, len(a.Argv))
+				}
+				a.Argv[k] = arg
+			}
+		}
+		if h.OwnEnv {
+			a.Env = h.Env
+		}
+		if h.OwnStdin {
+			a.Stdin = h.Stdin
+		}
+		p.Hosts[i] = a
+	}
+	return p, nil
+}
