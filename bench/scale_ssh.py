@@ -11,10 +11,13 @@ one run and interleaved, it launches one worker per host with
     flat (--ssh-no-tree) and tree (the default, --ssh-fanout 32), where the
     gorun binary supports them (otherwise today's gorun, flat);
   * mpirun (Open MPI 4.1) --host h001,... with -F <ssh_config> for its ssh,
-    which spawns its orted daemons as a tree (its default);
-  * a bare OpenSSH fan-out: one `ssh -F <ssh_config> hNNN worker` per host,
-    all at once, as the floor of what sshd, key exchange and the login
-    shell cost.
+    which spawns its orted daemons as a tree of radix 64 (its defaults:
+    the head itself starts up to 64, each of those starts its share);
+
+and, with --explain N, also a bare OpenSSH fan-out (one `ssh -F
+<ssh_config> hNNN true` per host, all at once: what sshd, key exchange and
+the login shell cost), the CPU every launch spends per host on the head and
+on the hosts, and gorun's phases from its debug log.
 
 The worker (bench/sshstamp) appends "hostname CLOCK_MONOTONIC" to a file,
 so "all started" is the last worker's stamp minus the moment the command
@@ -25,7 +28,10 @@ process's own VmHWM is exact), open file descriptors, and the SSH sessions
 it holds (established TCP connections from its sockets to the sshd port).
 
 Every host gets one connection per launch, so sshd's MaxStartups is never
-reached here; it is left at its default.
+reached here; it is left at its default. This machine's root ~/.bashrc runs
+`pyenv init` (seconds per login under load); each host's own mount
+namespace shows an empty one in its place, as a plain host would have
+(--keep-bashrc with --explain keeps it).
 
 Runs as root; cleans up every sshd it started, their sessions and its
 temporary folder, also on Ctrl-C or failure.
@@ -33,8 +39,10 @@ temporary folder, also on Ctrl-C or failure.
     /usr/bin/python3 bench/scale_ssh.py [--quick] [--rounds N]
 """
 import argparse
+import ctypes
 import json
 import os
+import resource
 import shlex
 import shutil
 import signal
@@ -55,7 +63,7 @@ FANOUT = 32              # gorun's default --ssh-fanout
 GOAL_SIZES = (64, 128)
 SIZES = (16, 32, 64, 128)
 QUICK_SIZES = (64, 128)
-RUN_TIMEOUT = 180        # seconds one launch may take before it counts as hung
+RUN_TIMEOUT = 600        # seconds one launch may take before it counts as hung
 SAMPLE_EVERY = 0.02      # seconds between samples of the head
 
 # tool -> Debian package that provides it
@@ -114,6 +122,50 @@ def kill_pids(pids):
             os.kill(pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
+
+
+def reaped_cpu(pid):
+    """CPU seconds of pid's children that it has waited for (cutime+cstime)."""
+    with open(f"/proc/{pid}/stat") as f:
+        rest = f.read().rsplit(")", 1)[1].split()
+    return (int(rest[13]) + int(rest[14])) / os.sysconf("SC_CLK_TCK")
+
+
+def children_cpu():
+    """CPU seconds of this process's waited-for children."""
+    ru = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return ru.ru_utime + ru.ru_stime
+
+
+def become_subreaper():
+    """Orphans of a launch (mpirun's ssh clients outlive it) are reparented
+    to this process instead of init, so reaping them counts their CPU."""
+    ctypes.CDLL(None, use_errno=True).prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER
+
+
+def reap_orphans(keep, timeout=10):
+    """Waits for this process's children other than keep (the sshd
+    daemons) to exit, and reaps them."""
+    deadline = time.monotonic() + timeout
+    while True:
+        left = [pid for pid in children(os.getpid()) if pid not in keep]
+        for pid in left:
+            try:
+                if os.waitpid(pid, os.WNOHANG)[0] == pid:
+                    left.remove(pid)
+            except ChildProcessError:
+                left.remove(pid)
+        if not left:
+            return
+        if time.monotonic() > deadline:
+            kill_pids(left)
+            for pid in left:
+                try:
+                    os.waitpid(pid, 0)
+                except ChildProcessError:
+                    pass
+            return
+        time.sleep(0.02)
 
 
 def pids_mentioning(text):
@@ -286,6 +338,12 @@ class Cluster:
         """Processes serving connections: the descendants of every sshd."""
         return [pid for p in self.daemons for pid in tree(p.pid)[1:]]
 
+    def hosts_cpu(self):
+        """CPU seconds that every host's connections have used so far: sshd's
+        children (the per-connection sshd, the shell, what it ran) are
+        reaped by the listener once they end, with their descendants'."""
+        return sum(reaped_cpu(p.pid) for p in self.daemons)
+
     def settle(self, timeout=15):
         """Waits until no sshd serves a connection any more (the previous
         launch fully gone), then kills what is left of it."""
@@ -332,7 +390,6 @@ def launchers(c, n, stampfile, tree_support):
     out["mpirun"] = ["mpirun", "--host", ",".join(names), "-np", str(n),
                      "--mca", "plm_rsh_agent", "ssh", "--mca", "plm_rsh_args", f"-F {c.config}",
                      "--mca", "oob_tcp_if_include", "lo"] + worker
-    out["ssh fan-out"] = None
     return out
 
 
@@ -392,21 +449,31 @@ class Sampler:
         self.thread.join()
 
 
-def ssh_fanout(c, n, stampfile):
+def ssh_fanout(c, n, command):
     """The floor: one plain ssh per host, all at once, like pdsh -f n."""
-    procs = [subprocess.Popen(["ssh", "-F", c.config, name, c.stamp, stampfile], stdin=subprocess.DEVNULL)
+    procs = [subprocess.Popen(["ssh", "-F", c.config, name] + command, stdin=subprocess.DEVNULL)
              for name in c.names[:n]]
     return procs
 
 
-def launch(c, n, name, argv, stampfile, logfile):
-    """Runs one launch; returns its figures, or raises naming what failed."""
+def timestamped(stream, t0, out, lines):
+    """Copies stream to out, and (seconds since t0, line) to lines."""
+    for line in stream:
+        lines.append(((time.monotonic_ns() - t0) / 1e9, line))
+        out.write(line)
+
+
+def launch(c, n, name, argv, stampfile, logfile, timeline=None, worker=True):
+    """Runs one launch; returns its figures, or raises naming what failed.
+    A timeline list receives the launcher's output lines, timestamped; with
+    worker False the bare ssh fan-out runs `true` instead of the worker."""
     open(stampfile, "w").close()
     c.settle()
+    host_cpu0, head_cpu0 = c.hosts_cpu(), children_cpu()
     with open(logfile, "w") as out:
         t0 = time.monotonic_ns()
         if argv is None:
-            procs = ssh_fanout(c, n, stampfile)
+            procs = ssh_fanout(c, n, [c.stamp, stampfile] if worker else ["true"])
             sampler = None
             try:
                 rcs = [p.wait(timeout=RUN_TIMEOUT) for p in procs]
@@ -418,25 +485,39 @@ def launch(c, n, name, argv, stampfile, logfile):
             t1 = time.monotonic_ns()
             rc = max(rcs, key=abs)
         else:
-            p = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, env=mpi_env())
+            p = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out if timeline is None else subprocess.PIPE,
+                                 stderr=subprocess.STDOUT, env=mpi_env(), text=True)
             sampler = Sampler(p.pid, c.port)
+            if timeline is not None:
+                reader = threading.Thread(target=timestamped, args=(p.stdout, t0, out, timeline), daemon=True)
+                reader.start()
             try:
                 rc = p.wait(timeout=RUN_TIMEOUT)
                 t1 = time.monotonic_ns()
             finally:
                 sampler.finish()
+                if timeline is not None:
+                    reader.join(5)
                 if p.poll() is None:
                     kill_pids(tree(p.pid))
                     p.wait()
+    c.settle()
+    reap_orphans({p.pid for p in c.daemons})
+    head_cpu = children_cpu() - head_cpu0
+    host_cpu = c.hosts_cpu() - host_cpu0
     with open(stampfile) as f:
         stamps = [line.split() for line in f if line.strip()]
     hosts = sorted(s[0] for s in stamps)
+    if not worker:
+        stamps, hosts = [["-", str(t1)]], c.names[:n]
     if rc != 0 or hosts != c.names[:n]:
         with open(logfile) as f:
             tail = f.read()[-3000:]
         raise RuntimeError(f"scale_ssh: {name} on {n} hosts: exit {rc}, {len(stamps)} of {n} workers ran "
                            f"(missing: {sorted(set(c.names[:n]) - set(hosts))[:8]}); output:\n{tail}")
-    r = {"started": (max(int(s[1]) for s in stamps) - t0) / 1e9, "done": (t1 - t0) / 1e9}
+    r = {"started": (max(int(s[1]) for s in stamps) - t0) / 1e9, "done": (t1 - t0) / 1e9,
+         "first": (min(int(s[1]) for s in stamps) - t0) / 1e9,
+         "head_cpu": head_cpu, "host_cpu": host_cpu}
     if sampler:
         r.update(rss_mib=sampler.rss_kb / 1024, hwm_mib=sampler.hwm_kb / 1024, fds=sampler.fds,
                  sessions=sampler.sessions)
@@ -452,6 +533,7 @@ def run(rounds, quick=False, sizes=None):
     """Interleaved launches over one cluster; returns
     {"sizes", "launchers", "runs": {name: {n: [figures per round]}}, "seconds"}."""
     check_tools()
+    become_subreaper()
     t_begin = time.monotonic()
     sizes = sorted(sizes or (QUICK_SIZES if quick else SIZES))
     tree_support = gorun_has_tree()
@@ -509,16 +591,17 @@ def render(result):
         f"(median of {rounds}; head = the launcher and its local children)",
         "",
         "| hosts | launcher | all started (s) | done (s) | started / mpirun | head peak RSS (MiB) "
-        "| head max fds | head max ssh sessions |",
-        "|---|---|---|---|---|---|---|---|",
+        "| head max fds | head max ssh sessions | CPU per host: head + hosts (ms) |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for n in sizes:
         mp = med("mpirun", n, "started")
         for name in names:
             st, dn = med(name, n, "started"), med(name, n, "done")
             rss, fds, ses = peak(name, n, "rss_mib"), peak(name, n, "fds"), peak(name, n, "sessions")
-            lines.append(f"| {n} | {name} | {st:.2f} | {dn:.2f} | {st / mp:.2f}x | "
-                         + (f"{rss:.0f} | {fds} | {ses} |" if rss is not None else "- | - | - |"))
+            hc, oc = med(name, n, "head_cpu"), med(name, n, "host_cpu")
+            lines.append(f"| {n} | {name} | {st:.2f} | {dn:.2f} | {st / mp:.2f}x | {rss:.0f} | {fds} | {ses} | "
+                         f"{hc / n * 1e3:.0f} + {oc / n * 1e3:.0f} |")
     lines += ["", "| launcher | per host (ms, slope of all started) | fixed (s) |", "|---|---|---|"]
     for name in names:
         b, a = slope(sizes, [med(name, n, "started") for n in sizes])
@@ -542,13 +625,70 @@ def render(result):
     return lines, verdicts
 
 
+PHASES = [  # (label, message in gorun's log, first or last occurrence)
+    ("last ssh connected", "ssh connected", max),
+    ("endpoint asked", "rendezvous endpoint", min),
+    ("first agent started", "starting remote command", min),
+    ("last agent started", "started the remote agents", min),
+    ("store up", "hosting the rendezvous store", min),
+    ("last agent joined", "hosts the rendezvous store; joining it", max),
+    ("round complete", "round complete", min),
+]
+
+
+def explain(n, keep_bashrc=False):
+    """Where the time and CPU of one launch on n hosts go: a bare ssh `true`
+    fan-out (sshd, key exchange, login shell), the same running the worker,
+    each launcher; CPU per host on the head and on the hosts; and gorun's
+    phases from its debug log."""
+    check_tools()
+    become_subreaper()
+    tree_support = gorun_has_tree()
+    lines = [f"### Where one launch on {n} hosts goes (CPU per host: head / the hosts' sshd, shell and "
+             "what ran; ~/.bashrc " + ("as on this machine" if keep_bashrc else "empty") + ")", "",
+             "| launch | all started (s) | done (s) | head CPU / host (ms) | host CPU / host (ms) |",
+             "|---|---|---|---|---|"]
+    phases = {}
+    with Cluster(n, mask_bashrc=not keep_bashrc) as c:
+        stampfile = os.path.join(c.dir, "stamps")
+        logfile = os.path.join(c.dir, "launch.log")
+        cmds = launchers(c, n, stampfile, tree_support)
+        runs = [("ssh fan-out, true", None, False), ("ssh fan-out, worker", None, True)] + [
+            (k, v, True) for k, v in cmds.items()]
+        for name, argv, worker in runs:
+            timeline = None
+            if argv and argv[0].endswith("gorun"):
+                argv = argv[:1] + ["--log-level", "debug"] + argv[1:]
+                timeline = []
+            r = launch(c, n, name, argv, stampfile, logfile, timeline, worker)
+            lines.append(f"| {name} | {r['started']:.2f} | {r['done']:.2f} | {r['head_cpu'] / n * 1e3:.0f} | "
+                         f"{r['host_cpu'] / n * 1e3:.0f} |")
+            if timeline is not None:
+                got = {}
+                for label, msg, pick in PHASES:
+                    ts = [t for t, line in timeline if msg in line]
+                    if ts:
+                        got[label] = pick(ts)
+                got["first worker"], got["last worker"], got["exit"] = r["first"], r["started"], r["done"]
+                phases[name] = got
+    for name, got in phases.items():
+        lines += ["", f"{name} phases (s since the command): " + ", ".join(
+            f"{label} {t:.2f}" for label, t in sorted(got.items(), key=lambda kv: kv[1]))]
+    return lines
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--rounds", type=int, default=None, help="rounds (default 3, --quick 1)")
     p.add_argument("--quick", action="store_true", help="64 and 128 hosts only")
     p.add_argument("--sizes", help="comma-separated host counts (at most 250)")
     p.add_argument("--json", help="also write the raw result to this file")
+    p.add_argument("--explain", type=int, metavar="N", help="instead: where one launch on N hosts spends its time")
+    p.add_argument("--keep-bashrc", action="store_true", help="with --explain: leave the hosts this machine's ~/.bashrc")
     args = p.parse_args()
+    if args.explain:
+        print("\n".join(explain(args.explain, args.keep_bashrc)))
+        return
     sizes = [int(s) for s in args.sizes.split(",")] if args.sizes else None
     result = run(args.rounds or (1 if args.quick else 3), args.quick, sizes)
     if args.json:
