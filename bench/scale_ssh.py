@@ -620,6 +620,10 @@ def render(result):
                      f"{result.get('fanout', FANOUT)} sessions at the head: {ratio:.2f}x, {ses} sessions, {verdict}.")
         verdicts.append((f"ssh: {n} hosts by alias, all started <= {TARGET}x mpirun, head sessions <= fan-out",
                          f"{ratio:.2f}x, {ses} sessions", met))
+        cpu = lambda name: med(name, n, "head_cpu") + med(name, n, "host_cpu")  # noqa: E731
+        lines.append(f"  (CPU per launch, head and hosts, {gorun} / mpirun: {cpu(gorun) / cpu('mpirun'):.2f}x; "
+                     "where the machine is busy, a launcher with more processes runnable at once gets a larger "
+                     "share of it, so compare this too)")
     lines.append(f"(section took {result['seconds']:.0f} s; sshd MaxStartups at its default 10:30:100, "
                  "one connection per sshd per launch)")
     return lines, verdicts
@@ -679,7 +683,7 @@ def explain(n, keep_bashrc=False):
 
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--rounds", type=int, default=None, help="rounds (default 3, --quick 1)")
+    p.add_argument("--rounds", type=int, default=None, help="rounds (default 2, --quick 1)")
     p.add_argument("--quick", action="store_true", help="64 and 128 hosts only")
     p.add_argument("--sizes", help="comma-separated host counts (at most 250)")
     p.add_argument("--json", help="also write the raw result to this file")
@@ -690,7 +694,7 @@ def main():
         print("\n".join(explain(args.explain, args.keep_bashrc)))
         return
     sizes = [int(s) for s in args.sizes.split(",")] if args.sizes else None
-    result = run(args.rounds or (1 if args.quick else 3), args.quick, sizes)
+    result = run(args.rounds or (1 if args.quick else 2), args.quick, sizes)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(result, f, indent=1)
