@@ -524,14 +524,53 @@ def launch(c, n, name, argv, stampfile, logfile, timeline=None, worker=True):
     return r
 
 
+class CPUShares:
+    """With shares, moves this process (so every sshd and launcher it
+    starts) into a cgroup v1 cpu group of that weight (1024 is every other
+    task's), for a figure close to a quiet machine's on a busy one; back
+    into the root group and the group removed on leaving."""
+
+    ROOT = "/sys/fs/cgroup/cpu"
+
+    def __init__(self, shares):
+        self.shares, self.dir = shares, None
+
+    def __enter__(self):
+        if not self.shares:
+            return self
+        if not os.path.exists(os.path.join(self.ROOT, "cpu.shares")):
+            sys.exit("scale_ssh: --cpu-shares needs the cgroup v1 cpu controller at " + self.ROOT)
+        self.dir = os.path.join(self.ROOT, f"gorun-scale-ssh-{os.getpid()}")
+        os.mkdir(self.dir)
+        with open(os.path.join(self.dir, "cpu.shares"), "w") as f:
+            f.write(str(self.shares))
+        with open(os.path.join(self.dir, "cgroup.procs"), "w") as f:
+            f.write(str(os.getpid()))
+        return self
+
+    def __exit__(self, *exc):
+        if not self.dir:
+            return
+        with open(os.path.join(self.ROOT, "cgroup.procs"), "w") as f:
+            f.write(str(os.getpid()))
+        for _ in range(100):  # until the last process of a launch has left
+            try:
+                os.rmdir(self.dir)
+                return
+            except OSError:
+                time.sleep(0.1)
+        log(f"[scale_ssh] could not remove {self.dir}")
+
+
 def interrupted(signum, frame):
     """SIGTERM unwinds like Ctrl-C, so the cluster is cleaned up."""
     raise KeyboardInterrupt(f"signal {signum}")
 
 
-def run(rounds, quick=False, sizes=None):
+def run(rounds, quick=False, sizes=None, cpu_shares=0):
     """Interleaved launches over one cluster; returns
-    {"sizes", "launchers", "runs": {name: {n: [figures per round]}}, "seconds"}."""
+    {"sizes", "launchers", "runs": {name: {n: [figures per round]}}, "seconds"}.
+    cpu_shares, when set, runs it all in a cpu cgroup of that weight."""
     check_tools()
     become_subreaper()
     t_begin = time.monotonic()
@@ -541,7 +580,7 @@ def run(rounds, quick=False, sizes=None):
     if threading.current_thread() is threading.main_thread():
         previous = signal.signal(signal.SIGTERM, interrupted)
     try:
-        with Cluster(max(sizes)) as c:
+        with CPUShares(cpu_shares), Cluster(max(sizes)) as c:
             stampfile = os.path.join(c.dir, "stamps")
             logfile = os.path.join(c.dir, "launch.log")
             names = list(launchers(c, sizes[0], stampfile, tree_support))
@@ -558,7 +597,7 @@ def run(rounds, quick=False, sizes=None):
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)
     return {"sizes": sizes, "launchers": names, "runs": runs, "fanout": FANOUT,
-            "seconds": time.monotonic() - t_begin}
+            "seconds": time.monotonic() - t_begin, "cpu_shares": cpu_shares}
 
 
 # -------------------------------------------------------------------- report
@@ -624,8 +663,9 @@ def render(result):
         lines.append(f"  (CPU per launch, head and hosts, {gorun} / mpirun: {cpu(gorun) / cpu('mpirun'):.2f}x; "
                      "where the machine is busy, a launcher with more processes runnable at once gets a larger "
                      "share of it, so compare this too)")
+    shares = f"; run in a cpu cgroup of {result['cpu_shares']} shares" if result.get("cpu_shares") else ""
     lines.append(f"(section took {result['seconds']:.0f} s; sshd MaxStartups at its default 10:30:100, "
-                 "one connection per sshd per launch)")
+                 f"one connection per sshd per launch{shares})")
     return lines, verdicts
 
 
@@ -687,6 +727,9 @@ def main():
     p.add_argument("--quick", action="store_true", help="64 and 128 hosts only")
     p.add_argument("--sizes", help="comma-separated host counts (at most 250)")
     p.add_argument("--json", help="also write the raw result to this file")
+    p.add_argument("--cpu-shares", type=int, default=0, metavar="N",
+                   help="run in a cgroup v1 cpu group of N shares (others have 1024): on a busy machine, "
+                        "closer to a quiet one's figures, at the other processes' expense")
     p.add_argument("--explain", type=int, metavar="N", help="instead: where one launch on N hosts spends its time")
     p.add_argument("--keep-bashrc", action="store_true", help="with --explain: leave the hosts this machine's ~/.bashrc")
     args = p.parse_args()
@@ -694,7 +737,7 @@ def main():
         print("\n".join(explain(args.explain, args.keep_bashrc)))
         return
     sizes = [int(s) for s in args.sizes.split(",")] if args.sizes else None
-    result = run(args.rounds or (1 if args.quick else 2), args.quick, sizes)
+    result = run(args.rounds or (1 if args.quick else 2), args.quick, sizes, args.cpu_shares)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(result, f, indent=1)
@@ -703,4 +746,7 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except KeyboardInterrupt as e:
+        sys.exit(f"scale_ssh: interrupted ({e or 'Ctrl-C'}); every sshd it started is stopped")
