@@ -3,6 +3,7 @@ package launcher
 import (
 	"cmp"
 	"context"
+	crand "crypto/rand"
 	"errors"
 	"fmt"
 	"io"
@@ -105,6 +106,11 @@ type Fanout struct {
 	// runs (nil = a child process of this one), beside the Agents.
 	Self  *RemoteAgent
 	Local Conn
+	// EventMarker, on a relay, starts the lines by which it tells the
+	// launcher above, on Stderr, that its subtree failed or lost a host
+	// (see relayEvents), so that the head's FailureGrace or stop starts
+	// when it would in a flat launch, not once the relay has ended.
+	EventMarker string
 }
 
 // DefaultFanOut is the connections a launcher opens at most when the
@@ -218,6 +224,7 @@ func (f *Fanout) Run(ctx context.Context) (code int, err error) {
 		return 0, &LaunchError{err}
 	}
 	launch := make([]RemoteAgent, direct, len(conns))
+	markers := make([]string, direct)
 	for i, a := range agents[:direct] {
 		if paths[i] != "" {
 			a.Argv = append([]string{paths[i]}, a.Argv[1:]...)
@@ -230,7 +237,10 @@ func (f *Fanout) Run(ctx context.Context) (code int, err error) {
 		for j, k := range shares[i] {
 			share[j] = agents[k]
 		}
-		plan, err := f.relayPlan(a, share).encode()
+		p := f.relayPlan(a, share)
+		p.EventMarker = relayEventPrefix + crand.Text()
+		markers[i] = p.EventMarker
+		plan, err := p.encode()
 		if err != nil {
 			return 0, &LaunchError{err}
 		}
@@ -257,10 +267,16 @@ func (f *Fanout) Run(ctx context.Context) (code int, err error) {
 	reports := &reportsSeen{}
 	outs := make([]io.Writer, len(launch))
 	errOuts := make([]io.Writer, len(launch))
+	events := make(chan relayEvent, len(launch))
+	loopDone := make(chan struct{})
+	defer close(loopDone)
 	for i := range launch {
 		out, errOut := stdout.Writer(""), &reportFilter{w: stderr.Writer(""), seen: reports}
 		writers = append(writers, out, errOut)
 		outs[i], errOuts[i] = out, errOut
+		if i < direct && markers[i] != "" {
+			errOuts[i] = &relayEvents{w: errOut, marker: []byte(markers[i]), i: i, events: events, done: loopDone}
+		}
 	}
 	// All at once: each start is a round trip to sshd and a fork there.
 	procs := make([]Process, len(launch))
@@ -311,8 +327,40 @@ func (f *Fanout) Run(ctx context.Context) (code int, err error) {
 	status, sig := 0, 0
 	var deadline <-chan time.Time
 	running := len(procs)
+	// A relay tells the launcher above of its status as it changes, and
+	// once of a lost host; in the order of their events, the head then
+	// keeps the statuses as a flat launch would have seen them.
+	toldStatus, toldLost := 0, false
+	tell := func(lost bool) {
+		if f.EventMarker == "" || sig != 0 {
+			return
+		}
+		if status != toldStatus {
+			toldStatus = status
+			fmt.Fprintf(f.Stderr, "%s failed %d\n", f.EventMarker, status)
+		}
+		if lost && !toldLost {
+			toldLost = true
+			fmt.Fprintf(f.Stderr, "%s lost\n", f.EventMarker)
+		}
+	}
 	for running > 0 {
 		select {
+		case ev := <-events:
+			// A host in a relay's subtree failed or was lost: what its
+			// own end would do here; the relay's own end comes later.
+			if ev.code != 0 && (status == 0 || status == 1 && ev.code != 1) {
+				status = ev.code
+			}
+			tell(ev.lost)
+			switch {
+			case ev.lost && !stopped:
+				f.Logger.Warn().Str("relay", launch[ev.i].Host).Msg("a host of the relay's subtree was lost; stopping the job")
+				deadline = time.After(stopTimeout)
+				stop()
+			case ev.code != 0 && deadline == nil:
+				deadline = time.After(grace)
+			}
 		case e := <-ends:
 			running--
 			host := launch[e.i].Host
@@ -326,6 +374,7 @@ func (f *Fanout) Run(ctx context.Context) (code int, err error) {
 			if c != 0 && (status == 0 || status == 1 && c != 1) {
 				status = c
 			}
+			tell(e.err != nil)
 			switch {
 			case e.err != nil && !stopped:
 				// Its peers would wait for it until their rendezvous times out.

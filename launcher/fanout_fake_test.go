@@ -23,8 +23,10 @@ type fakeNet struct {
 	setup time.Duration
 	// codes are the leaf agents' statuses by host (absent = 0).
 	codes map[string]int
-	// hold makes leaf agents run until stopped.
+	// hold makes leaf agents whose status is 0 run until stopped.
 	hold bool
+	// relayGrace, when set, is the relays' FailureGrace.
+	relayGrace time.Duration
 	// drops[host] dials of host fail as a MaxStartups drop before one works.
 	drops map[string]int
 
@@ -123,6 +125,9 @@ func (c *fakeConn) Start(ctx context.Context, dir string, env, argv []string, st
 		f.Dialer = &fakeDialer{net: n}
 		f.Local = &fakeConn{net: n, host: plan.Self.Host}
 		f.Stdout, f.Stderr, f.Logger = stdout, stderr, zerolog.Nop()
+		if n.relayGrace > 0 {
+			f.FailureGrace = n.relayGrace
+		}
 		signals := make(chan os.Signal, 1)
 		f.Signals = signals
 		p.relay = signals
@@ -140,7 +145,7 @@ func (c *fakeConn) Start(ctx context.Context, dir string, env, argv []string, st
 	if n.started.Add(1) == n.want {
 		close(n.allUp)
 	}
-	if n.hold {
+	if n.hold && n.codes[c.host] == 0 {
 		go func() {
 			<-p.stop
 			n.stopped.Add(1)

@@ -2,10 +2,13 @@ package launcher
 
 import (
 	"bufio"
+	"bytes"
 	"encoding/json"
 	"fmt"
 	"io"
 	"slices"
+	"strconv"
+	"strings"
 	"time"
 )
 
@@ -62,6 +65,8 @@ type RelayPlan struct {
 	StageTo string `json:"stage_to,omitempty"`
 	// LogLevel is the relay's own logger's (zerolog's names).
 	LogLevel string `json:"log_level,omitempty"`
+	// EventMarker is Fanout.EventMarker.
+	EventMarker string `json:"event_marker,omitempty"`
 }
 
 // RelaySSH is the part of SSHConfig that a relay takes from the head:
@@ -115,6 +120,7 @@ func (p *RelayPlan) Fanout() Fanout {
 		Agents: p.Hosts, Self: &self, Relay: p.Relay, Dir: p.Dir, SSH: p.SSHConfig(),
 		FanOut: p.FanOut, Retries: p.Retries,
 		StopTimeout: p.StopTimeout, FailureGrace: p.FailureGrace, StageTo: p.StageTo,
+		EventMarker: p.EventMarker,
 	}
 }
 
@@ -218,4 +224,76 @@ func decodeRelayPlan(line []byte) (*RelayPlan, error) {
 		p.Hosts[i] = a
 	}
 	return p, nil
+}
+
+// relayEventPrefix starts a relay's event marker, which a nonce of its
+// launcher's completes: a worker's line cannot know it.
+const relayEventPrefix = "gorun-relay-event-"
+
+// relayEvent is a relay's word that its subtree's status changed (to
+// code) or that it lost a host.
+type relayEvent struct {
+	i    int // the relay's index in the launcher's list
+	code int
+	lost bool
+}
+
+// parseRelayEvent reads what follows the marker: "failed CODE" or "lost".
+func parseRelayEvent(word []byte) (relayEvent, bool) {
+	f := strings.Fields(string(word))
+	switch {
+	case len(f) == 1 && f[0] == "lost":
+		return relayEvent{lost: true}, true
+	case len(f) == 2 && f[0] == "failed":
+		code, err := strconv.Atoi(f[1])
+		return relayEvent{code: code}, err == nil && code > 0
+	}
+	return relayEvent{}, false
+}
+
+// relayEvents passes one relay's stderr on to w, except the lines that
+// start with the relay's marker, which it hands to the launcher's loop as
+// events (until done is closed).
+type relayEvents struct {
+	w       io.Writer
+	marker  []byte
+	i       int
+	events  chan<- relayEvent
+	done    <-chan struct{}
+	partial []byte
+}
+
+func (r *relayEvents) Write(p []byte) (int, error) {
+	r.partial = append(r.partial, p...)
+	var out []byte
+	rest := r.partial
+	for {
+		i := bytes.IndexByte(rest, '\n')
+		if i < 0 {
+			break
+		}
+		line := rest[:i+1]
+		rest = rest[i+1:]
+		word, ok := bytes.CutPrefix(line, r.marker)
+		ev, valid := parseRelayEvent(word)
+		if !ok || !valid {
+			out = append(out, line...)
+			continue
+		}
+		ev.i = r.i
+		select {
+		case r.events <- ev:
+		case <-r.done:
+		}
+	}
+	if len(rest) > MaxLineLength {
+		out, rest = append(out, rest...), nil
+	}
+	r.partial = r.partial[:copy(r.partial, rest)]
+	if len(out) > 0 {
+		if _, err := r.w.Write(out); err != nil {
+			return 0, err
+		}
+	}
+	return len(p), nil
 }

@@ -264,3 +264,51 @@ func TestFanoutRetriesFake(t *testing.T) {
 		t.Errorf("Run = %v; want a launch error naming h2, the attempts and the last cause", err)
 	}
 }
+
+// TestFanoutTreeFailureGraceFake: a failure deep in a relay's subtree
+// starts the head's FailureGrace at once, as in a flat launch, though the
+// relays would wait for an hour.
+func TestFanoutTreeFailureGraceFake(t *testing.T) {
+	const n = 12
+	net := newFakeNet(n)
+	net.hold = true
+	net.relayGrace = time.Hour
+	net.codes["h11"] = 3
+	f, _ := fakeFanout(net, fakeAgents(n), 2, &lockedBuffer{})
+	f.FailureGrace = 50 * time.Millisecond
+	done := make(chan struct{})
+	var code int
+	var err error
+	go func() { code, err = f.Run(context.Background()); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(30 * time.Second):
+		t.Fatal("the head did not stop the job after its FailureGrace")
+	}
+	if err != nil || code != 3 {
+		t.Fatalf("Run = %d, %v; want 3", code, err)
+	}
+	if s := net.stopped.Load(); s != n-1 {
+		t.Errorf("%d of %d agents stopped", s, n-1)
+	}
+}
+
+func TestParseRelayEvent(t *testing.T) {
+	for _, tc := range []struct {
+		in   string
+		want relayEvent
+		ok   bool
+	}{
+		{" failed 3\n", relayEvent{code: 3}, true},
+		{" lost\n", relayEvent{lost: true}, true},
+		{" failed 0\n", relayEvent{}, false},
+		{" failed x\n", relayEvent{}, false},
+		{" failed\n", relayEvent{}, false},
+		{" hello world\n", relayEvent{}, false},
+	} {
+		got, ok := parseRelayEvent([]byte(tc.in))
+		if ok != tc.ok || ok && got != tc.want {
+			t.Errorf("parseRelayEvent(%q) = %+v, %v; want %+v, %v", tc.in, got, ok, tc.want, tc.ok)
+		}
+	}
+}

@@ -1,0 +1,186 @@
+package main
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/gorun/gorun/internal/sshtest"
+)
+
+// treeHosts is the tree launch of the tests: five hosts, --ssh-fanout 2.
+// The head reaches 127.0.0.1 and 127.0.0.2; 127.0.0.1 relays to .3 and
+// .4, 127.0.0.2 to .5.
+const treeHosts = "127.0.0.1:1,127.0.0.2:1,127.0.0.3:1,127.0.0.4:1,127.0.0.5:1"
+
+func TestSSHTreeLaunch(t *testing.T) {
+	e := sshtest.NewEnv(t)
+	c := &sshCluster{env: e}
+	for i := 1; i <= 5; i++ {
+		ip := fmt.Sprintf("127.0.0.%d", i)
+		c.servers = append(c.servers, e.StartSSHD(t, ip, "SetEnv GORUN_TEST_NODE="+ip))
+	}
+	c.config = e.WriteSSHConfig(t, c.servers...)
+	args := func(t *testing.T, extra ...string) []string {
+		return c.headArgs(t, append([]string{"--hosts", treeHosts, "--ssh-fanout", "2"}, extra...)...)
+	}
+
+	t.Run("every rank's output whole, the root cause's status", func(t *testing.T) {
+		dir := t.TempDir()
+		// Rank 4 runs on 127.0.0.5, two relays down; its long line must
+		// arrive whole.
+		worker := script(t, dir, "worker.sh", `printf 'rank %s node %s %s end\n' "$RANK" "$GORUN_TEST_NODE" "$(printf '%0.sx' $(seq 3000))"
+if [ "$RANK" = 4 ]; then exit 7; fi; sleep 2`+"\n")
+		h := startHead(t, dir, args(t, worker)...)
+		if code := h.wait(t, 120*time.Second); code != 7 {
+			t.Fatalf("head exited %d, want 7:\n%s", code, h.out.String())
+		}
+		line := regexp.MustCompile(`(?m)^\[[^\]]+\]: rank (\d) node (127\.0\.0\.\d) (x+) end$`)
+		var ranks []string
+		for _, m := range line.FindAllStringSubmatch(h.out.String(), -1) {
+			if len(m[3]) != 3000 {
+				t.Errorf("rank %s's line has %d of 3000 x", m[1], len(m[3]))
+			}
+			if r, _ := strconv.Atoi(m[1]); m[2] != fmt.Sprintf("127.0.0.%d", r+1) {
+				t.Errorf("rank %s ran on %s", m[1], m[2])
+			}
+			ranks = append(ranks, m[1])
+		}
+		slices.Sort(ranks)
+		if !slices.Equal(ranks, []string{"0", "1", "2", "3", "4"}) {
+			t.Errorf("ranks %v printed, want 0-4 once each:\n%s", ranks, h.out.String())
+		}
+		if n := strings.Count(h.out.String(), "Root Cause (first observed failure)"); n != 1 {
+			t.Errorf("the failure report is shown %d times:\n%s", n, h.out.String())
+		}
+	})
+
+	t.Run("the head holds at most fan-out sessions; SIGTERM stops every host", func(t *testing.T) {
+		h, pids := startTreeSleepers(t, args(t))
+		var ports []string
+		for _, s := range c.servers {
+			ports = append(ports, s.Port())
+		}
+		if n := sshdConnections(t, h.cmd.Process.Pid, ports); n != 2 {
+			t.Errorf("the head holds %d connections to sshd, want 2 (--ssh-fanout)", n)
+		}
+		h.cmd.Process.Signal(syscall.SIGTERM)
+		if code := h.wait(t, 30*time.Second); code != 143 {
+			t.Fatalf("head exited %d, want 143:\n%s", code, h.out.String())
+		}
+		waitDead(t, pids, h)
+	})
+
+	t.Run("a relay's agent killed is reported naming its host, and every host stops", func(t *testing.T) {
+		// Without restarts the other agents fail at once, rather than
+		// wait in a new round for the lost node.
+		h, pids := startTreeSleepers(t, args(t, "--max-restarts", "0"))
+		// The agent on 127.0.0.2, which relays to 127.0.0.5: the child of
+		// the relay that sshd runs there.
+		relay := findProcess(t, c.servers[1].SessionPids(), "--ssh-relay")
+		agent := findProcess(t, sshtest.Descendants(relay), "--node-rank")
+		syscall.Kill(agent, syscall.SIGKILL)
+		code := h.wait(t, 60*time.Second)
+		if code == 0 || !regexp.MustCompile(`remote agent failed.*exit=137.*host=127\.0\.0\.2|host=127\.0\.0\.2.*exit=137`).MatchString(h.out.String()) {
+			t.Fatalf("want a failure naming 127.0.0.2, got %d:\n%s", code, h.out.String())
+		}
+		waitDead(t, pids, h)
+	})
+
+	t.Run("a lost relay stops its subtree", func(t *testing.T) {
+		h, pids := startTreeSleepers(t, args(t))
+		relay := findProcess(t, c.servers[1].SessionPids(), "--ssh-relay")
+		syscall.Kill(relay, syscall.SIGKILL)
+		if code := h.wait(t, 60*time.Second); code == 0 {
+			t.Fatalf("head exited 0 after a relay was killed:\n%s", h.out.String())
+		}
+		waitDead(t, pids, h)
+	})
+}
+
+// startTreeSleepers starts a head of five one-rank hosts whose workers
+// record their pids and sleep, and returns it once they all run.
+func startTreeSleepers(t *testing.T, args []string) (*agent, []int) {
+	t.Helper()
+	dir := t.TempDir()
+	worker := script(t, dir, "worker.sh", `echo $$ > "$0.pid.$RANK.tmp" && mv "$0.pid.$RANK.tmp" "$0.pid.$RANK" && exec sleep 300`+"\n")
+	h := startHead(t, dir, append(args, worker)...)
+	var pids []int
+	if !waitFor(90*time.Second, func() bool {
+		pids = pids[:0]
+		for r := range 5 {
+			b, err := os.ReadFile(fmt.Sprintf("%s.pid.%d", worker, r))
+			if err != nil {
+				return false
+			}
+			pid, _ := strconv.Atoi(strings.TrimSpace(string(b)))
+			pids = append(pids, pid)
+		}
+		return true
+	}) {
+		t.Fatalf("the workers did not all start:\n%s", h.out.String())
+	}
+	t.Cleanup(func() {
+		for _, pid := range pids {
+			if alive(pid) {
+				syscall.Kill(pid, syscall.SIGKILL)
+			}
+		}
+	})
+	return h, pids
+}
+
+// findProcess is the one of pids whose command line has word.
+func findProcess(t *testing.T, pids []int, word string) int {
+	t.Helper()
+	for _, pid := range pids {
+		cmdline, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
+		if slices.Contains(strings.Split(string(cmdline), "\x00"), word) {
+			return pid
+		}
+	}
+	t.Fatalf("no process with %s among %v", word, pids)
+	return 0
+}
+
+// sshdConnections counts pid's established TCP connections to the ports.
+func sshdConnections(t *testing.T, pid int, ports []string) int {
+	t.Helper()
+	inodes := map[string]bool{}
+	fds, err := os.ReadDir(fmt.Sprintf("/proc/%d/fd", pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, fd := range fds {
+		link, _ := os.Readlink(filepath.Join(fmt.Sprintf("/proc/%d/fd", pid), fd.Name()))
+		if inode, ok := strings.CutPrefix(link, "socket:["); ok {
+			inodes[strings.TrimSuffix(inode, "]")] = true
+		}
+	}
+	table, err := os.ReadFile(fmt.Sprintf("/proc/%d/net/tcp", pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	for _, line := range strings.Split(string(table), "\n")[1:] {
+		f := strings.Fields(line)
+		// sl local rem st ... inode (the 10th field); 01 is ESTABLISHED.
+		if len(f) < 10 || f[3] != "01" || !inodes[f[9]] {
+			continue
+		}
+		_, remPort, _ := strings.Cut(f[2], ":")
+		port, _ := strconv.ParseUint(remPort, 16, 16)
+		if slices.Contains(ports, strconv.Itoa(int(port))) {
+			n++
+		}
+	}
+	return n
+}
+
