@@ -15,6 +15,8 @@ import (
 	"flag"
 	"fmt"
 	"net"
+	"net/http"
+	_ "net/http/pprof" // served only with -pprof
 	"os"
 	"os/signal"
 	"syscall"
@@ -34,7 +36,13 @@ func main() {
 
 func run() error {
 	addr := flag.String("addr", "127.0.0.1:0", "address to listen on (port 0: an ephemeral port)")
+	pprofAddr := flag.String("pprof", "", "also serve net/http/pprof on this address, to profile the server under load")
+	maxConns := flag.Int("max-conns", 0, "the server's MaxConns (0: its default; -1: none)")
+	fdReserve := flag.Int("fd-reserve", 0, "file descriptors the server leaves to the rest of the process (0: its default; -1: none)")
 	flag.Parse()
+	if *pprofAddr != "" {
+		go func() { _ = http.ListenAndServe(*pprofAddr, nil) }()
+	}
 
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
@@ -44,7 +52,7 @@ func run() error {
 		return fmt.Errorf("listen on %s: %w", *addr, err)
 	}
 	log := zerolog.New(zerolog.ConsoleWriter{Out: os.Stderr}).Level(zerolog.WarnLevel).With().Timestamp().Logger()
-	srv := rendezvous.NewServer(rendezvous.ServerOptions{Logger: log})
+	srv := rendezvous.NewServer(rendezvous.ServerOptions{Logger: log, MaxConns: *maxConns, FDReserve: *fdReserve})
 	served := make(chan error, 1)
 	go func() { served <- srv.Serve(l) }()
 	// The one line a benchmark reads to find the port.
