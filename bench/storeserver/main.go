@@ -11,6 +11,7 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
@@ -62,6 +63,11 @@ func run() error {
 	case err := <-served:
 		return fmt.Errorf("serve on %s: %w", l.Addr(), err)
 	case <-ctx.Done():
+	}
+	// The server's figures, for a benchmark to show what it refused or
+	// closed (connections evicted, handshakes timed out).
+	if b, err := json.Marshal(srv.Stats()); err == nil {
+		fmt.Fprintf(os.Stderr, "stats %s\n", b)
 	}
 	shutdownCtx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	defer cancel()

@@ -96,6 +96,7 @@ type result struct {
 	Aborted    bool           `json:"aborted,omitempty"` // stopped early: a rank failed, the barrier could not complete
 	RSSBefore  int64          `json:"server_rss_kib_before,omitempty"`
 	RSSIdle    int64          `json:"server_rss_kib_idle,omitempty"`
+	CPU        float64        `json:"server_cpu_s,omitempty"` // the server's CPU time (user and system) from go to the barrier done
 	ConnectedN int64          `json:"-"`
 	DoneN      int64          `json:"-"`
 }
@@ -149,6 +150,7 @@ func runParent(o options) error {
 	}
 	res := result{Ranks: o.ranks, Dialect: o.dialect, Procs: o.procs, Errors: map[string]int{}}
 	res.RSSBefore = rssKiB(o.serverPID)
+	cpuBefore := cpuSeconds(o.serverPID)
 
 	start := time.Now()
 	for _, c := range children {
@@ -199,6 +201,9 @@ func runParent(o options) error {
 			}
 		}
 	}
+	if o.serverPID > 0 {
+		res.CPU = cpuSeconds(o.serverPID) - cpuBefore
+	}
 	if connected == o.ranks {
 		res.Connected = time.Unix(0, latestConnected).Sub(start).Seconds()
 	}
@@ -228,6 +233,28 @@ func rssKiB(pid int) int64 {
 		}
 	}
 	return 0
+}
+
+// cpuSeconds reads a process's CPU time, user and system, 0 if it cannot:
+// on a busy machine a steadier figure of a server's cost than wall time.
+func cpuSeconds(pid int) float64 {
+	if pid <= 0 {
+		return 0
+	}
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return 0
+	}
+	// The fields after the command, which is in parentheses and may hold
+	// spaces: utime and stime are the 12th and 13th of them, in ticks.
+	_, rest, _ := strings.Cut(string(b), ") ")
+	f := strings.Fields(rest)
+	if len(f) < 13 {
+		return 0
+	}
+	utime, _ := strconv.ParseFloat(f[11], 64)
+	stime, _ := strconv.ParseFloat(f[12], 64)
+	return (utime + stime) / 100 // USER_HZ, 100 on Linux
 }
 
 // runShard runs this child's share of the ranks once the parent says go,
