@@ -47,7 +47,7 @@ bench:
 # it stops naming whatever is missing. Narrow it with BENCH_FLAGS, e.g.
 # BENCH_FLAGS=--quick or BENCH_FLAGS='--sections collectives --ops allreduce'.
 bench-compare: build
-	$(GO) build -o $(BIN)/ ./bench/storeserver
+	$(GO) build -o $(BIN)/ ./bench/storeserver ./bench/storesim
 	/usr/bin/python3 bench/compare.py $(BENCH_FLAGS)
 
 clean:

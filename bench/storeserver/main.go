@@ -11,10 +11,13 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
 	"net"
+	"net/http"
+	_ "net/http/pprof" // served only with -pprof
 	"os"
 	"os/signal"
 	"syscall"
@@ -34,7 +37,13 @@ func main() {
 
 func run() error {
 	addr := flag.String("addr", "127.0.0.1:0", "address to listen on (port 0: an ephemeral port)")
+	pprofAddr := flag.String("pprof", "", "also serve net/http/pprof on this address, to profile the server under load")
+	maxConns := flag.Int("max-conns", 0, "the server's MaxConns (0: its default; -1: none)")
+	fdReserve := flag.Int("fd-reserve", 0, "file descriptors the server leaves to the rest of the process (0: its default; -1: none)")
 	flag.Parse()
+	if *pprofAddr != "" {
+		go func() { _ = http.ListenAndServe(*pprofAddr, nil) }()
+	}
 
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
@@ -44,7 +53,7 @@ func run() error {
 		return fmt.Errorf("listen on %s: %w", *addr, err)
 	}
 	log := zerolog.New(zerolog.ConsoleWriter{Out: os.Stderr}).Level(zerolog.WarnLevel).With().Timestamp().Logger()
-	srv := rendezvous.NewServer(rendezvous.ServerOptions{Logger: log})
+	srv := rendezvous.NewServer(rendezvous.ServerOptions{Logger: log, MaxConns: *maxConns, FDReserve: *fdReserve})
 	served := make(chan error, 1)
 	go func() { served <- srv.Serve(l) }()
 	// The one line a benchmark reads to find the port.
@@ -54,6 +63,11 @@ func run() error {
 	case err := <-served:
 		return fmt.Errorf("serve on %s: %w", l.Addr(), err)
 	case <-ctx.Done():
+	}
+	// The server's figures, for a benchmark to show what it refused or
+	// closed (connections evicted, handshakes timed out).
+	if b, err := json.Marshal(srv.Stats()); err == nil {
+		fmt.Fprintf(os.Stderr, "stats %s\n", b)
 	}
 	shutdownCtx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	defer cancel()

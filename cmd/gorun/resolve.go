@@ -11,6 +11,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/rs/zerolog"
@@ -95,6 +96,9 @@ func resolve(f flagValues, program []string, m machine) (resolution, error) {
 	r.placement(s)
 	r.program(s, program)
 	if len(r.errs) == 0 {
+		r.storeFiles(s)
+	}
+	if len(r.errs) == 0 {
 		if err := s.Validate(); err != nil {
 			r.fail(err)
 		}
@@ -105,6 +109,8 @@ func resolve(f flagValues, program []string, m machine) (resolution, error) {
 		return res, usageError{errors.Join(r.errs...)}
 	case r.missing != nil:
 		return res, r.missing
+	case r.scarce != nil:
+		return res, r.scarce
 	}
 	return res, nil
 }
@@ -131,6 +137,9 @@ type resolver struct {
 	inSlurmStep bool
 	// missing is set when the program cannot be found.
 	missing *missingProgramError
+	// scarce is set when this process's limits cannot hold the job: not
+	// the user's typing (exit 2) but the machine's resources (exit 71).
+	scarce error
 }
 
 func (r *resolver) fail(err error) { r.errs = append(r.errs, err) }
@@ -280,6 +289,38 @@ func (r *resolver) nproc(s *elastic.Spec) {
 	}
 	if procs := r.m.maxProcs; procs > 0 && uint64(s.NProcPerNode) >= procs {
 		r.fail(fmt.Errorf("--nproc-per-node %d: this user may run %d processes (ulimit -u)", s.NProcPerNode, procs))
+	}
+}
+
+// storeFiles checks, on a node that may host the store the workers join,
+// that its open-files limit holds a connection from every rank of the
+// job, one from every agent, the store's reserve of descriptors and this
+// node's own workers' files: at the smallest --nnodes (else the job
+// cannot start: an error, before anything starts, for exit 71), and at
+// the largest (else a warning: the job fails once that many nodes come).
+// With c10d and etcd the node that becomes group rank 0 hosts it, which
+// is any node until --node-rank says otherwise. Each rank is one
+// connection, as torch 2.x's client opens; torch 1.13's opens a second,
+// idle one, which the store closes once its handshake times out.
+func (r *resolver) storeFiles(s *elastic.Spec) {
+	files := r.m.maxFiles
+	if files == 0 || !s.ShareStore || headMode(r.f) || s.NodeRank > 0 {
+		return
+	}
+	need := func(nodes int) uint64 {
+		ranks := uint64(nodes) * uint64(s.NProcPerNode)
+		reserve := min(uint64(rendezvous.DefaultFDReserve), files/4)
+		return ranks + uint64(nodes) + reserve + uint64(s.NProcPerNode)*filesPerWorker + filesReserve
+	}
+	at := func(nodes int) string {
+		return fmt.Sprintf("%d nodes of %d workers need about %d open files for the store this node may host (a connection per rank and per agent, its reserve of %d, and this node's workers' %d)",
+			nodes, s.NProcPerNode, need(nodes), min(uint64(rendezvous.DefaultFDReserve), files/4), uint64(s.NProcPerNode)*filesPerWorker+filesReserve)
+	}
+	switch {
+	case need(s.MinNodes) > files:
+		r.scarce = fmt.Errorf("%s; this process may hold %d (ulimit -n; raise its hard limit): %w", at(s.MinNodes), files, syscall.EMFILE)
+	case need(s.MaxNodes) > files:
+		r.note(zerolog.WarnLevel, "%s; this process may hold %d (ulimit -n): the job fails if that many nodes join", at(s.MaxNodes), files)
 	}
 }
 

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"os"
@@ -399,7 +400,9 @@ func TestResolveRejectsAbsurdInput(t *testing.T) {
 // Workers beyond what the open-files or process limits allow are refused
 // before the first starts.
 func TestResolveChecksLimits(t *testing.T) {
-	m := testMachine(env())
+	// Without the store's connections, which TestResolveChecksStoreFiles
+	// counts.
+	m := testMachine(env("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1"))
 	m.maxFiles, m.maxProcs = 20000, 1000
 	for _, tc := range []struct {
 		nproc, wantErr string
@@ -421,6 +424,62 @@ func TestResolveChecksLimits(t *testing.T) {
 	m.maxFiles = 0
 	if _, err := resolve(newFakeFlags(map[string]string{"nproc-per-node": "1000"}), []string{"w"}, m); err == nil || !strings.Contains(err.Error(), "ulimit -u") {
 		t.Errorf("1000 workers of 1000 processes: %v", err)
+	}
+}
+
+// A node that may host the workers' store must be able to hold a
+// connection from every rank: an error (exit 71) before anything starts
+// when even the fewest nodes cannot, a warning when the most cannot.
+func TestResolveChecksStoreFiles(t *testing.T) {
+	const files = 20000 // reserve: the store's 1024 and gorun's 256
+	for _, tc := range []struct {
+		name    string
+		set     map[string]string
+		env     []string
+		files   uint64 // 0: 20000
+		wantErr bool
+		warn    string // in a warning note, if not empty
+	}{
+		{name: "standalone", set: map[string]string{"standalone": "true", "nproc-per-node": "8"}},
+		// 2048*8 + 2048 agents + 1024 + 8*6 + 256 = 19760 files.
+		{name: "the most that fit", set: map[string]string{"nnodes": "2048", "nproc-per-node": "8", "node-rank": "0", "master-addr": "n0", "master-port": "29500"}},
+		{name: "one node too many", set: map[string]string{"nnodes": "2100", "nproc-per-node": "8", "node-rank": "0", "master-addr": "n0", "master-port": "29500"}, wantErr: true},
+		{name: "static, another node hosts", set: map[string]string{"nnodes": "4096", "nproc-per-node": "8", "node-rank": "1", "master-addr": "n0", "master-port": "29500"}},
+		{name: "c10d, any node may host", set: map[string]string{"nnodes": "4096", "nproc-per-node": "8", "rdzv-backend": "c10d", "rdzv-endpoint": "n0:29400"}, wantErr: true},
+		{name: "c10d, the most cannot fit", set: map[string]string{"nnodes": "1:4096", "nproc-per-node": "8", "rdzv-endpoint": "n0:29400"},
+			warn: "4096 nodes of 8 workers need about 38192 open files"},
+		{name: "c10d, a node ranked 2", set: map[string]string{"nnodes": "4096", "nproc-per-node": "8", "rdzv-backend": "c10d", "rdzv-endpoint": "n0:29400", "node-rank": "2"}},
+		{name: "workers host their own store", set: map[string]string{"nnodes": "4096", "nproc-per-node": "8", "node-rank": "0", "master-addr": "n0", "master-port": "29500"},
+			env: []string{"TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1"}},
+		{name: "a large limit", set: map[string]string{"nnodes": "4096", "nproc-per-node": "8", "node-rank": "0", "master-addr": "n0", "master-port": "29500"}, files: 1 << 20},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			m := testMachine(env(tc.env...))
+			m.maxFiles = cmp.Or(tc.files, files)
+			res, err := resolve(newFakeFlags(tc.set), []string{"w"}, m)
+			if tc.wantErr {
+				var ue usageError
+				if !errors.Is(err, syscall.EMFILE) || errors.As(err, &ue) || failureStatus(err) != exitResources || !strings.Contains(err.Error(), "ulimit -n") {
+					t.Fatalf("err %v (status %d); want one of resources (exit 71) naming ulimit -n", err, failureStatus(err))
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			var warned []string
+			for _, n := range res.notes {
+				if n.level == zerolog.WarnLevel && strings.Contains(n.msg, "open files") {
+					warned = append(warned, n.msg)
+				}
+			}
+			switch {
+			case tc.warn == "" && len(warned) > 0:
+				t.Errorf("warned %q; want no warning", warned)
+			case tc.warn != "" && (len(warned) != 1 || !strings.Contains(warned[0], tc.warn)):
+				t.Errorf("warned %q; want one with %q", warned, tc.warn)
+			}
+		})
 	}
 }
 
