@@ -9,6 +9,7 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -350,4 +351,72 @@ func leadingPid(t *testing.T, text string) int {
 		t.Fatalf("no pid in %q", text)
 	}
 	return pid
+}
+
+// A console slower than the drain bound loses nothing: the bound counts
+// only while the stream is empty, or once what it held at the worker's
+// death has been read.
+func TestSlowOutputIsNotCutByTheDrain(t *testing.T) {
+	t.Parallel()
+	const drain = 20 * time.Millisecond
+	out := &slowWriter{delay: 10 * drain, slowWrites: 3}
+	// 60,000 bytes fit a pipe: the worker exits while most of them wait.
+	g, err := StartGroup([]WorkerSpec{{Argv: sh(`head -c 60000 /dev/zero | tr '\0' x`), Stdout: out}},
+		GroupOptions{Logger: testLogger(t), drain: drain})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if exit := collectExits(t, g)[0]; exit.Failed() {
+		t.Fatalf("worker %s", exit)
+	}
+	if n := out.Len(); n != 60000 {
+		t.Errorf("copied %d bytes of 60000", n)
+	}
+}
+
+// slowWriter takes delay over each of its first slowWrites writes.
+type slowWriter struct {
+	delay      time.Duration
+	mu         sync.Mutex
+	slowWrites int
+	n          int
+}
+
+func (w *slowWriter) Write(p []byte) (int, error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.slowWrites > 0 {
+		w.slowWrites--
+		time.Sleep(w.delay)
+	}
+	w.n += len(p)
+	return len(p), nil
+}
+
+func (w *slowWriter) Len() int {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.n
+}
+
+func TestLingering(t *testing.T) {
+	const bound = time.Second
+	s := int64(time.Second)
+	tests := []struct {
+		name                                string
+		now, died, idleSince, read, backlog int64
+		want                                bool
+	}{
+		{"just died, data left", 10 * s, 10 * s, 0, 0, 500, false},
+		{"copying slowly past the bound", 20 * s, 10 * s, 0, 400, 500, false},
+		{"empty for less than the bound", 20 * s, 19*s + 1, 19*s + 1, 500, 500, false},
+		{"empty for the bound", 20 * s, 10 * s, 19 * s, 500, 500, true},
+		{"backlog read, bound passed, still writing", 20 * s, 10 * s, 0, 900, 500, true},
+		{"backlog read, bound not passed", 10*s + 1, 10 * s, 0, 500, 500, false},
+	}
+	for _, tt := range tests {
+		if got := lingering(tt.now, tt.died, tt.idleSince, tt.read, tt.backlog, bound); got != tt.want {
+			t.Errorf("%s: lingering = %v, want %v", tt.name, got, tt.want)
+		}
+	}
 }
