@@ -411,6 +411,7 @@ func TestLingering(t *testing.T) {
 		{"copying slowly past the bound", 20 * s, 10 * s, 0, 400, 500, false},
 		{"empty for less than the bound", 20 * s, 19*s + 1, 19*s + 1, 500, 500, false},
 		{"empty for the bound", 20 * s, 10 * s, 19 * s, 500, 500, true},
+		{"empty since before the death", 20 * s, 19*s + 1, 5 * s, 0, 500, false},
 		{"backlog read, bound passed, still writing", 20 * s, 10 * s, 0, 900, 500, true},
 		{"backlog read, bound not passed", 10*s + 1, 10 * s, 0, 500, 500, false},
 	}

@@ -199,13 +199,13 @@ func (o output) backlog() int64 {
 }
 
 // lingering decides whether a process outside a dead worker's group holds
-// one of its streams open (nanoseconds on drainClock): the copier has
-// waited on the empty stream for bound, or has read what the stream held
-// when the worker died (backlog) and bound has passed since. Time spent
-// handing output on to a slow console counts for neither, so nothing the
-// worker wrote is lost to it.
+// one of its streams open (nanoseconds on drainClock): since the worker
+// died, the copier has waited on the empty stream for bound, or has read
+// what the stream held at the death (backlog) and bound has passed. Time
+// spent handing output on to a slow console counts for neither, so nothing
+// the worker wrote is lost to it.
 func lingering(now, died, idleSince, read, backlog int64, bound time.Duration) bool {
-	if idleSince != 0 && now-idleSince >= int64(bound) {
+	if idleSince != 0 && now-max(idleSince, died) >= int64(bound) {
 		return true
 	}
 	return read >= backlog && now-died >= int64(bound)
