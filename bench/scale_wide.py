@@ -83,6 +83,12 @@ def gone(pid):
         return True
 
 
+def ready_ranks(folder):
+    """The ranks that have said they run (a name starting with a dot is one
+    being written)."""
+    return [n for n in os.listdir(folder) if n.isdigit()]
+
+
 def wait_until(cond, timeout, what):
     deadline = time.monotonic() + timeout
     while not cond():
@@ -100,13 +106,13 @@ def launch_and_stop(name):
         began = time.time()
         proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=err, cwd=tmp)
         try:
-            wait_until(lambda: len(os.listdir(ready)) == NPROC or proc.poll() is not None, TIMEOUT,
+            wait_until(lambda: len(ready_ranks(ready)) == NPROC or proc.poll() is not None, TIMEOUT,
                        f"{name}: {NPROC} workers not ready")
             if proc.poll() is not None:
                 err.seek(0)
                 raise RuntimeError(f"scale_wide: {name} exited {proc.returncode}:\n{err.read()[-2000:]}")
             pids, stamps = [], []
-            for rank in os.listdir(ready):
+            for rank in ready_ranks(ready):
                 with open(os.path.join(ready, rank)) as f:
                     pid, ns = f.read().split()
                 pids.append(int(pid))
@@ -168,7 +174,7 @@ def console(name, lines):
         argv = launchers()[name] + [WORKER, "print", str(lines), str(PAD), ready]
         proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=err, cwd=tmp)
         try:
-            wait_until(lambda: len(os.listdir(ready)) == NPROC + 1 or proc.poll() is not None, TIMEOUT,
+            wait_until(lambda: len(ready_ranks(ready)) == NPROC or proc.poll() is not None, TIMEOUT,
                        f"{name}: {NPROC} workers not ready")
             began = time.monotonic()
             os.close(hold)

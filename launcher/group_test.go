@@ -403,20 +403,22 @@ func TestLingering(t *testing.T) {
 	const bound = time.Second
 	s := int64(time.Second)
 	tests := []struct {
-		name                                string
-		now, died, idleSince, read, backlog int64
-		want                                bool
+		name                                      string
+		now, died, idleSince, read, backlog, held int64
+		want                                      bool
 	}{
-		{"just died, data left", 10 * s, 10 * s, 0, 0, 500, false},
-		{"copying slowly past the bound", 20 * s, 10 * s, 0, 400, 500, false},
-		{"empty for less than the bound", 20 * s, 19*s + 1, 19*s + 1, 500, 500, false},
-		{"empty for the bound", 20 * s, 10 * s, 19 * s, 500, 500, true},
-		{"empty since before the death", 20 * s, 19*s + 1, 5 * s, 0, 500, false},
-		{"backlog read, bound passed, still writing", 20 * s, 10 * s, 0, 900, 500, true},
-		{"backlog read, bound not passed", 10*s + 1, 10 * s, 0, 500, 500, false},
+		{"just died, data left", 10 * s, 10 * s, 0, 0, 500, 500, false},
+		{"copying slowly past the bound", 20 * s, 10 * s, 0, 400, 500, 100, false},
+		{"empty for less than the bound", 20 * s, 19*s + 1, 19*s + 1, 500, 500, 0, false},
+		{"empty for the bound", 20 * s, 10 * s, 19 * s, 500, 500, 0, true},
+		{"empty since before the death", 20 * s, 19*s + 1, 5 * s, 500, 500, 0, false},
+		{"waiting, but woken late: data waits", 20 * s, 10 * s, 12 * s, 400, 500, 100, false},
+		{"waiting, backlog overestimated, empty", 20 * s, 10 * s, 12 * s, 400, 450, 0, true},
+		{"backlog read, bound passed, still writing", 20 * s, 10 * s, 0, 900, 500, 64, true},
+		{"backlog read, bound not passed", 10*s + 1, 10 * s, 0, 500, 500, 0, false},
 	}
 	for _, tt := range tests {
-		if got := lingering(tt.now, tt.died, tt.idleSince, tt.read, tt.backlog, bound); got != tt.want {
+		if got := lingering(tt.now, tt.died, tt.idleSince, tt.read, tt.backlog, tt.held, bound); got != tt.want {
 			t.Errorf("%s: lingering = %v, want %v", tt.name, got, tt.want)
 		}
 	}

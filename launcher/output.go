@@ -184,29 +184,36 @@ func (o output) close() {
 	o.src.Close()
 }
 
-// backlog is how many bytes the copier will have read once it has read
-// what the stream holds now.
-func (o output) backlog() int64 {
-	read := o.state.read.Load()
+// held is how many bytes wait in the stream, 0 when that is unknown.
+func (o output) held() int64 {
 	raw, err := o.src.SyscallConn()
 	if err != nil {
-		return read
+		return 0
 	}
-	var held int
+	var n int
 	// TIOCINQ is FIONREAD, for pipes as for terminals.
-	raw.Control(func(fd uintptr) { held, _ = unix.IoctlGetInt(int(fd), unix.TIOCINQ) })
-	return read + int64(held)
+	raw.Control(func(fd uintptr) { n, _ = unix.IoctlGetInt(int(fd), unix.TIOCINQ) })
+	return int64(n)
+}
+
+// backlog is how many bytes the copier will have read once it has read
+// what the stream holds now: read after held, so that a read between
+// the two makes it too large rather than too small.
+func (o output) backlog() int64 {
+	held := o.held()
+	return held + o.state.read.Load()
 }
 
 // lingering decides whether a process outside a dead worker's group holds
-// one of its streams open (nanoseconds on drainClock): since the worker
-// died, the copier has waited on the empty stream for bound, or has read
-// what the stream held at the death (backlog) and bound has passed. Time
-// spent handing output on to a slow console counts for neither, so nothing
-// the worker wrote is lost to it.
-func lingering(now, died, idleSince, read, backlog int64, bound time.Duration) bool {
-	if idleSince != 0 && now-max(idleSince, died) >= int64(bound) {
+// one of its streams open (nanoseconds on drainClock): the copier has read
+// what the stream held at the death (backlog) and bound has passed since;
+// or, since the death, it has waited for bound on the stream, which is
+// still empty (held): a copier woken late has data waiting. Time spent
+// handing output on to a slow console counts for neither, so nothing the
+// worker wrote is lost to it.
+func lingering(now, died, idleSince, read, backlog, held int64, bound time.Duration) bool {
+	if read >= backlog && now-died >= int64(bound) {
 		return true
 	}
-	return read >= backlog && now-died >= int64(bound)
+	return idleSince != 0 && held == 0 && now-max(idleSince, died) >= int64(bound)
 }
