@@ -423,3 +423,35 @@ func TestLingering(t *testing.T) {
 		}
 	}
 }
+
+// The reapers of a wide node wait in Go's poller, not each in an OS thread
+// of its own (waitid held one per worker).
+func TestWaitingWorkersHoldNoThreadEach(t *testing.T) {
+	const workers = 128
+	specs := make([]WorkerSpec, workers)
+	for i := range specs {
+		specs[i] = WorkerSpec{LocalRank: i, Rank: i, Argv: []string{"sleep", "300"}}
+	}
+	g, err := StartGroup(specs, GroupOptions{Logger: testLogger(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer g.Stop(syscall.SIGKILL, 0)
+	if threads := osThreads(t); threads >= workers/2 {
+		t.Errorf("%d OS threads with %d workers waiting", threads, workers)
+	}
+}
+
+func osThreads(t *testing.T) int {
+	t.Helper()
+	status, err := os.ReadFile("/proc/self/status")
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := regexp.MustCompile(`(?m)^Threads:\s+(\d+)$`).FindSubmatch(status)
+	if m == nil {
+		t.Fatal("no Threads in /proc/self/status")
+	}
+	n, _ := strconv.Atoi(string(m[1]))
+	return n
+}
