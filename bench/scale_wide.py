@@ -271,7 +271,7 @@ def render(result):
 
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--rounds", type=int, default=1, help="torchrun takes 30-60 s to start 256 workers here")
     p.add_argument("--quick", action="store_true")
     args = p.parse_args()
     lines, _ = render(run(1 if args.quick else args.rounds, args.quick))
