@@ -29,7 +29,6 @@ flags with underscores.
 import argparse
 import os
 import re
-import shutil
 import signal
 import statistics
 import subprocess
