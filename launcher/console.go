@@ -74,16 +74,31 @@ type ConsoleOptions struct {
 
 // Console multiplexes many workers' output into one writer, whole lines at a
 // time, so that lines from different workers never interleave.
+//
+// Writers cut and prefix their lines on their own and meet only to queue
+// them; whoever finds no write to out in progress writes everything queued
+// so far in one call (a group commit), so that a node of 256 workers
+// printing at once costs one write to out per round, not one per worker.
+// A Write returns once its lines are out, as a direct write would.
 type Console struct {
-	mu   sync.Mutex // serialises every write to out, and each writer's buffer
 	out  io.Writer
 	now  func() time.Time // nil when lines carry no timestamp
 	keep func(line []byte) bool
+
+	mu       sync.Mutex
+	flushed  *sync.Cond // signalled on mu after every write to out
+	queue    []byte     // whole lines waiting for out
+	spare    []byte     // the last batch's buffer, for the next queue
+	writing  bool       // a writer is writing a batch to out
+	queued   uint64     // bytes ever queued
+	written  uint64     // bytes ever handed to out, queued before
+	writeErr error      // the first failed write to out: later writes fail too
 }
 
 // NewConsole returns a Console writing to out.
 func NewConsole(out io.Writer, opts ConsoleOptions) *Console {
 	c := &Console{out: out, keep: opts.Keep}
+	c.flushed = sync.NewCond(&c.mu)
 	if opts.Timestamps {
 		c.now = opts.Now
 		if c.now == nil {
@@ -102,35 +117,77 @@ func (c *Console) Writer(prefix string) io.WriteCloser {
 	return &lineWriter{console: c, prefix: prefix}
 }
 
+// print queues lines, whole lines only, and returns once they have been
+// written to out, writing them itself, with whatever else is queued, when
+// no one else is writing.
+func (c *Console) print(lines []byte) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.writeErr != nil {
+		return c.writeErr
+	}
+	c.queue = append(c.queue, lines...)
+	c.queued += uint64(len(lines))
+	mine := c.queued
+	for c.written < mine && c.writeErr == nil {
+		if c.writing {
+			c.flushed.Wait()
+			continue
+		}
+		batch := c.queue
+		c.queue, c.writing = c.spare[:0], true
+		c.mu.Unlock()
+		_, err := c.out.Write(batch)
+		c.mu.Lock()
+		c.spare, c.writing = batch, false
+		c.written += uint64(len(batch))
+		if err != nil && c.writeErr == nil {
+			c.writeErr = err
+		}
+		c.flushed.Broadcast()
+	}
+	if c.written < mine {
+		return c.writeErr
+	}
+	return nil
+}
+
 type lineWriter struct {
 	console *Console
 	prefix  string
-	partial []byte // the unfinished last line, guarded by console.mu
-	closed  bool   // guarded by console.mu
+
+	mu      sync.Mutex // keeps one stream's lines in order; guards the rest
+	partial []byte     // the unfinished last line
+	lines   []byte     // this write's lines, cut and prefixed, reused
+	closed  bool
 }
 
 func (w *lineWriter) Write(p []byte) (int, error) {
-	c := w.console
-	c.mu.Lock()
-	defer c.mu.Unlock()
+	w.mu.Lock()
+	defer w.mu.Unlock()
 	if w.closed {
 		return 0, errWriterClosed
 	}
-	var out bytes.Buffer
-	stamp := c.stamp()
+	stamp := w.console.stamp()
+	out := w.lines[:0]
 	data := p
 	for {
 		i := bytes.IndexByte(data, '\n')
 		if i < 0 {
 			break
 		}
-		line := append(w.partial, data[:i]...)
-		w.emitLine(&out, stamp, line)
-		w.partial, data = line[:0], data[i+1:]
+		line := data[:i]
+		if len(w.partial) > 0 {
+			line = append(w.partial, line...)
+			w.partial = line[:0]
+		}
+		out = w.emitLine(out, stamp, line)
+		data = data[i+1:]
 	}
-	w.partial = w.emitLong(&out, stamp, append(w.partial, data...))
-	if out.Len() > 0 {
-		if _, err := c.out.Write(out.Bytes()); err != nil {
+	out, w.partial = w.emitLong(out, stamp, append(w.partial, data...))
+	w.lines = out
+	if len(out) > 0 {
+		if err := w.console.print(out); err != nil {
 			return 0, err
 		}
 	}
@@ -139,9 +196,8 @@ func (w *lineWriter) Write(p []byte) (int, error) {
 
 // Close prints the partial last line, if any. Later writes fail.
 func (w *lineWriter) Close() error {
-	c := w.console
-	c.mu.Lock()
-	defer c.mu.Unlock()
+	w.mu.Lock()
+	defer w.mu.Unlock()
 	if w.closed {
 		return nil
 	}
@@ -149,42 +205,44 @@ func (w *lineWriter) Close() error {
 	if len(w.partial) == 0 {
 		return nil
 	}
-	var out bytes.Buffer
-	w.emitLine(&out, c.stamp(), w.partial)
-	w.partial = nil
-	_, err := c.out.Write(out.Bytes())
-	return err
+	out := w.emitLine(nil, w.console.stamp(), w.partial)
+	w.partial, w.lines = nil, nil
+	if len(out) == 0 {
+		return nil
+	}
+	return w.console.print(out)
 }
 
-// emitLine prints one complete line, without a trailing "\r".
-func (w *lineWriter) emitLine(out *bytes.Buffer, stamp string, line []byte) {
-	w.emit(out, stamp, w.emitLong(out, stamp, bytes.TrimSuffix(line, []byte("\r"))))
+// emitLine appends one complete line, without a trailing "\r", to out.
+func (w *lineWriter) emitLine(out []byte, stamp string, line []byte) []byte {
+	out, rest := w.emitLong(out, stamp, bytes.TrimSuffix(line, []byte("\r")))
+	return w.emit(out, stamp, rest)
 }
 
-// emitLong prints leading pieces of line while it is longer than
+// emitLong appends leading pieces of line to out while it is longer than
 // MaxLineLength and returns the rest.
-func (w *lineWriter) emitLong(out *bytes.Buffer, stamp string, line []byte) []byte {
+func (w *lineWriter) emitLong(out []byte, stamp string, line []byte) ([]byte, []byte) {
 	for len(line) > MaxLineLength {
 		n := runeBoundary(line, MaxLineLength)
-		w.emit(out, stamp, line[:n])
+		out = w.emit(out, stamp, line[:n])
 		line = line[n:]
 	}
-	return line
+	return out, line
 }
 
-// emit prints one line with its prefix, unless the line already starts
+// emit appends one line with its prefix, unless the line already starts
 // with it: torch 2.x workers prefix their own tracebacks "[rank1]: ", and
 // gorun's default prefix would say it twice.
-func (w *lineWriter) emit(out *bytes.Buffer, stamp string, line []byte) {
+func (w *lineWriter) emit(out []byte, stamp string, line []byte) []byte {
 	if w.console.keep != nil && !w.console.keep(line) {
-		return
+		return out
 	}
-	out.WriteString(stamp)
+	out = append(out, stamp...)
 	if !bytes.HasPrefix(line, []byte(w.prefix)) {
-		out.WriteString(w.prefix)
+		out = append(out, w.prefix...)
 	}
-	out.Write(line)
-	out.WriteByte('\n')
+	out = append(out, line...)
+	return append(out, '\n')
 }
 
 // stamp is the timestamp that starts every line of one write, or "".

@@ -3,7 +3,9 @@ package launcher
 import (
 	"bytes"
 	"fmt"
+	"io"
 	"math/rand/v2"
+	"os"
 	"regexp"
 	"slices"
 	"strconv"
@@ -185,4 +187,121 @@ func TestParseLineFilters(t *testing.T) {
 			t.Errorf("ParseLineFilters(%q) = %q, want %q", tc.in, got, tc.want)
 		}
 	}
+}
+
+// streamOf is what one worker of the wide tests prints: lines of its own,
+// numbered, of random length, in the 4 KiB pieces of C stdio on a pipe.
+func streamOf(id, lines int) []byte {
+	rng := rand.New(rand.NewPCG(uint64(id), 2))
+	var stream []byte
+	for n := range lines {
+		stream = fmt.Appendf(stream, "w%d-line-%d-%s\n", id, n, strings.Repeat("x", rng.IntN(120)))
+	}
+	return stream
+}
+
+// checkWhole fails unless out holds every writer's lines, each whole, once
+// and in order, behind its own writer's prefix.
+func checkWhole(t testing.TB, out string, writers, lines int) {
+	t.Helper()
+	line := regexp.MustCompile(`^\[w(\d+)\] w(\d+)-line-(\d+)-x*$`)
+	next := make([]int, writers)
+	for text := range strings.SplitSeq(strings.TrimSuffix(out, "\n"), "\n") {
+		m := line.FindStringSubmatch(text)
+		if m == nil || m[1] != m[2] {
+			t.Fatalf("mangled line %q", text)
+		}
+		id, _ := strconv.Atoi(m[1])
+		if n, _ := strconv.Atoi(m[3]); n != next[id] {
+			t.Fatalf("writer %d: line %d after line %d", id, n, next[id]-1)
+		}
+		next[id]++
+	}
+	for id, got := range next {
+		if got != lines {
+			t.Errorf("writer %d: %d lines, want %d", id, got, lines)
+		}
+	}
+}
+
+// 256 writers at once, as from a node of 256 workers, each writing its
+// stream in 4 KiB pieces that cut lines anywhere: no line is lost, broken
+// or printed twice.
+func TestConsoleWideNodeKeepsEveryLineWhole(t *testing.T) {
+	t.Parallel()
+	const writers, lines = 256, 100
+	var out bytes.Buffer
+	console := NewConsole(&out, ConsoleOptions{})
+	var wg sync.WaitGroup
+	for id := range writers {
+		wg.Go(func() {
+			w := console.Writer(fmt.Sprintf("[w%d] ", id))
+			for piece := range chunks(string(streamOf(id, lines)), 4096) {
+				if _, err := w.Write([]byte(piece)); err != nil {
+					t.Error(err)
+					return
+				}
+			}
+			if err := w.Close(); err != nil {
+				t.Error(err)
+			}
+		})
+	}
+	wg.Wait()
+	checkWhole(t, out.String(), writers, lines)
+}
+
+// BenchmarkConsoleWideNode is the console of a node of 256 workers, each
+// printing in 4 KiB pieces, into a pipe drained by another goroutine (as
+// gorun's stdout into a terminal or a log collector); it reports lines/s.
+func BenchmarkConsoleWideNode(b *testing.B) {
+	const writers, lines = 256, 200
+	pieces := make([][][]byte, writers)
+	for id := range pieces {
+		for piece := range chunks(string(streamOf(id, lines)), 4096) {
+			pieces[id] = append(pieces[id], []byte(piece))
+		}
+	}
+	r, w, err := os.Pipe()
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer r.Close()
+	drained := make(chan int64)
+	go func() {
+		n, _ := io.Copy(io.Discard, r)
+		drained <- n
+	}()
+	out := &countingWriter{w: w}
+	b.ResetTimer()
+	for b.Loop() {
+		console := NewConsole(out, ConsoleOptions{})
+		var wg sync.WaitGroup
+		for id := range writers {
+			wg.Go(func() {
+				cw := console.Writer(fmt.Sprintf("[w%d] ", id))
+				for _, piece := range pieces[id] {
+					cw.Write(piece)
+				}
+				cw.Close()
+			})
+		}
+		wg.Wait()
+	}
+	b.StopTimer()
+	w.Close()
+	<-drained
+	b.ReportMetric(float64(b.N*writers*lines)/b.Elapsed().Seconds(), "lines/s")
+	b.ReportMetric(float64(out.writes)/float64(b.N), "writes/op")
+}
+
+// countingWriter counts the writes to w; the console serialises them.
+type countingWriter struct {
+	w      io.Writer
+	writes int
+}
+
+func (c *countingWriter) Write(p []byte) (int, error) {
+	c.writes++
+	return c.w.Write(p)
 }

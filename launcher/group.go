@@ -1,6 +1,7 @@
 package launcher
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"io"
@@ -10,6 +11,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -18,13 +20,18 @@ import (
 )
 
 const (
-	// outputDrain bounds how long a worker's Exit waits for its output after
-	// the worker died: a process that escaped its group (setsid) can hold the
-	// pipe open forever.
+	// outputDrain bounds how long a worker's Exit waits for more output
+	// once the worker died and its stream is empty, or once what the
+	// stream held then has been read: a process that escaped its group
+	// (setsid) can hold the pipe open forever.
 	outputDrain = 2 * time.Second
 	// killWait bounds the wait after SIGKILL. A SIGKILLed process dies at
 	// once unless it is stuck in the kernel (uninterruptible sleep).
 	killWait = 10 * time.Second
+	// startConcurrency bounds the workers being started at once: every
+	// start blocks an OS thread in fork and exec, which take turns
+	// anyway (syscall.ForkLock); no launch time was lost at 256 workers.
+	startConcurrency = 8
 )
 
 // WorkerSpec is one process to start.
@@ -91,6 +98,8 @@ type GroupOptions struct {
 	// Containment.StartKeeper also contains the group: everything its
 	// workers start is killed once the last of them has exited.
 	Keeper *Keeper
+
+	drain time.Duration // outputDrain when 0; tests shorten it
 }
 
 // Group is a set of running workers, each the leader of its own process
@@ -99,8 +108,9 @@ type Group struct {
 	log     zerolog.Logger
 	now     func() time.Time
 	keeper  *Keeper
-	cell    *cell     // the group's share of the keeper's Containment
-	workers []*worker // in spec order; fixed once StartGroup returns
+	drain   time.Duration // outputDrain, shorter in tests
+	cell    *cell         // the group's share of the keeper's Containment
+	workers []*worker     // in spec order; fixed once StartGroup returns
 
 	reapers sync.WaitGroup
 	exits   chan Exit     // buffered for every worker, so reapers never block
@@ -128,6 +138,7 @@ func StartGroup(specs []WorkerSpec, opts GroupOptions) (*Group, error) {
 		log:    opts.Logger,
 		now:    opts.Now,
 		keeper: opts.Keeper,
+		drain:  cmp.Or(opts.drain, outputDrain),
 		exits:  make(chan Exit, len(specs)),
 		done:   make(chan struct{}),
 	}
@@ -138,16 +149,22 @@ func StartGroup(specs []WorkerSpec, opts GroupOptions) (*Group, error) {
 	if g.cell, err = opts.Keeper.containment().newCell(len(specs)); err != nil {
 		return nil, err
 	}
-	// Each worker starts from a fresh goroutine of its own, which no
-	// caller can have locked to its OS thread (see workerAttr for why that
-	// matters), and most of a start (pipes, the wait for the child's
-	// exec, the output goroutines) overlaps with the others': 8 workers
-	// of /bin/true, 16.2 to 14.3 ms.
+	// Workers start from fresh goroutines, which no caller can have
+	// locked to their OS threads (see workerAttr for why that matters),
+	// and most of a start (pipes, the wait for the child's exec, the
+	// output goroutines) overlaps with the others': 8 workers of
+	// /bin/true, 16.2 to 14.3 ms. At most startConcurrency at once: each
+	// start holds an OS thread while it forks and waits for the exec.
 	started := make([]*worker, len(specs))
 	errs := make([]error, len(specs))
 	var starting sync.WaitGroup
-	for i, spec := range specs {
-		starting.Go(func() { started[i], errs[i] = g.start(spec) })
+	var next atomic.Int64
+	for range min(startConcurrency, len(specs)) {
+		starting.Go(func() {
+			for i := int(next.Add(1) - 1); i < len(specs); i = int(next.Add(1) - 1) {
+				started[i], errs[i] = g.start(specs[i])
+			}
+		})
 	}
 	starting.Wait()
 	var startErr error
@@ -226,7 +243,7 @@ func (g *Group) Stop(sig syscall.Signal, grace time.Duration) {
 		g.log.Warn().Ints("pids", g.livePids()).Msg("workers outlived the grace period; sending SIGKILL")
 		g.signalAndLog(syscall.SIGKILL)
 	}
-	if !g.wait(killWait + outputDrain) {
+	if !g.wait(killWait + g.drain) {
 		g.log.Error().Ints("pids", g.livePids()).Msg("workers not reaped after SIGKILL; giving up on them")
 	}
 }
@@ -303,7 +320,7 @@ func (g *Group) reap(w *worker) Exit {
 	}
 	_ = w.cmd.Wait() // the exit status is in ProcessState
 	g.cell.reaped(w.pid)
-	w.finishOutput()
+	w.finishOutput(g.drain)
 	exit := w.exitAt(observed)
 	level := zerolog.DebugLevel
 	if exit.Failed() {
@@ -339,23 +356,41 @@ func (w *worker) signal(sig syscall.Signal) error {
 	return nil
 }
 
-// finishOutput waits for every output to reach EOF, at most outputDrain;
-// then it closes the read ends, losing what a lingering process writes later.
-func (w *worker) finishOutput() {
+// finishOutput waits for every output to reach EOF. A process that
+// escaped the worker's group can hold an output open forever: an output
+// found lingering (see lingering) is closed, losing what that process
+// writes later, but never what the worker wrote.
+func (w *worker) finishOutput(bound time.Duration) {
 	copied := make(chan struct{})
 	go func() {
 		w.copying.Wait()
 		close(copied)
 	}()
-	timer := time.NewTimer(outputDrain)
-	defer timer.Stop()
-	select {
-	case <-copied:
-		closeSources(w.outputs)
-	case <-timer.C:
-		w.log.Warn().Msg("a process outside the worker's group holds its output open; closing it")
-		closeSources(w.outputs) // ends the copies
-		<-copied
+	died := sinceDrainClock()
+	backlogs := make([]int64, len(w.outputs))
+	for i, out := range w.outputs {
+		backlogs[i] = out.backlog()
+	}
+	tick := time.NewTicker(bound / 4)
+	defer tick.Stop()
+	for {
+		select {
+		case <-copied:
+			closeSources(w.outputs)
+			return
+		case <-tick.C:
+		}
+		now := sinceDrainClock()
+		for i, out := range w.outputs {
+			if out.closed() {
+				continue
+			}
+			idleSince, read := out.state.idleSince.Load(), out.state.read.Load()
+			if lingering(now, died, idleSince, read, backlogs[i], out.held(), bound) {
+				w.log.Warn().Str("stream", out.name).Msg("a process outside the worker's group holds its output open; closing it")
+				out.close()
+			}
+		}
 	}
 }
 

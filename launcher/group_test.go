@@ -9,6 +9,7 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -350,4 +351,107 @@ func leadingPid(t *testing.T, text string) int {
 		t.Fatalf("no pid in %q", text)
 	}
 	return pid
+}
+
+// A console slower than the drain bound loses nothing: the bound counts
+// only while the stream is empty, or once what it held at the worker's
+// death has been read.
+func TestSlowOutputIsNotCutByTheDrain(t *testing.T) {
+	t.Parallel()
+	const drain = 20 * time.Millisecond
+	out := &slowWriter{delay: 10 * drain, slowWrites: 3}
+	// 60,000 bytes fit a pipe: the worker exits while most of them wait.
+	g, err := StartGroup([]WorkerSpec{{Argv: sh(`head -c 60000 /dev/zero | tr '\0' x`), Stdout: out}},
+		GroupOptions{Logger: testLogger(t), drain: drain})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if exit := collectExits(t, g)[0]; exit.Failed() {
+		t.Fatalf("worker %s", exit)
+	}
+	if n := out.Len(); n != 60000 {
+		t.Errorf("copied %d bytes of 60000", n)
+	}
+}
+
+// slowWriter takes delay over each of its first slowWrites writes.
+type slowWriter struct {
+	delay      time.Duration
+	mu         sync.Mutex
+	slowWrites int
+	n          int
+}
+
+func (w *slowWriter) Write(p []byte) (int, error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.slowWrites > 0 {
+		w.slowWrites--
+		time.Sleep(w.delay)
+	}
+	w.n += len(p)
+	return len(p), nil
+}
+
+func (w *slowWriter) Len() int {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.n
+}
+
+func TestLingering(t *testing.T) {
+	const bound = time.Second
+	s := int64(time.Second)
+	tests := []struct {
+		name                                      string
+		now, died, idleSince, read, backlog, held int64
+		want                                      bool
+	}{
+		{"just died, data left", 10 * s, 10 * s, 0, 0, 500, 500, false},
+		{"copying slowly past the bound", 20 * s, 10 * s, 0, 400, 500, 100, false},
+		{"empty for less than the bound", 20 * s, 19*s + 1, 19*s + 1, 500, 500, 0, false},
+		{"empty for the bound", 20 * s, 10 * s, 19 * s, 500, 500, 0, true},
+		{"empty since before the death", 20 * s, 19*s + 1, 5 * s, 500, 500, 0, false},
+		{"waiting, but woken late: data waits", 20 * s, 10 * s, 12 * s, 400, 500, 100, false},
+		{"waiting, backlog overestimated, empty", 20 * s, 10 * s, 12 * s, 400, 450, 0, true},
+		{"backlog read, bound passed, still writing", 20 * s, 10 * s, 0, 900, 500, 64, true},
+		{"backlog read, bound not passed", 10*s + 1, 10 * s, 0, 500, 500, 0, false},
+	}
+	for _, tt := range tests {
+		if got := lingering(tt.now, tt.died, tt.idleSince, tt.read, tt.backlog, tt.held, bound); got != tt.want {
+			t.Errorf("%s: lingering = %v, want %v", tt.name, got, tt.want)
+		}
+	}
+}
+
+// The reapers of a wide node wait in Go's poller, not each in an OS thread
+// of its own (waitid held one per worker).
+func TestWaitingWorkersHoldNoThreadEach(t *testing.T) {
+	const workers = 128
+	specs := make([]WorkerSpec, workers)
+	for i := range specs {
+		specs[i] = WorkerSpec{LocalRank: i, Rank: i, Argv: []string{"sleep", "300"}}
+	}
+	g, err := StartGroup(specs, GroupOptions{Logger: testLogger(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer g.Stop(syscall.SIGKILL, 0)
+	if threads := osThreads(t); threads >= workers/2 {
+		t.Errorf("%d OS threads with %d workers waiting", threads, workers)
+	}
+}
+
+func osThreads(t *testing.T) int {
+	t.Helper()
+	status, err := os.ReadFile("/proc/self/status")
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := regexp.MustCompile(`(?m)^Threads:\s+(\d+)$`).FindSubmatch(status)
+	if m == nil {
+		t.Fatal("no Threads in /proc/self/status")
+	}
+	n, _ := strconv.Atoi(string(m[1]))
+	return n
 }

@@ -31,7 +31,36 @@ func workerAttr(withTTY bool) *syscall.SysProcAttr {
 // zombie keeps the pid (and so the process group id) from being reused while
 // the group is killed and marked exited, so a later kill(-pid) can never hit
 // a stranger.
+//
+// It waits on a pidfd in Go's poller, which holds no OS thread: blocked in
+// waitid, the reapers of 256 workers held 256 threads.
 func awaitExit(pid int) error {
+	fd, err := unix.PidfdOpen(pid, unix.PIDFD_NONBLOCK)
+	if err != nil { // before Linux 5.3
+		return awaitExitBlocking(pid)
+	}
+	pidfd := os.NewFile(uintptr(fd), "pidfd")
+	defer pidfd.Close()
+	raw, err := pidfd.SyscallConn()
+	if err != nil {
+		return awaitExitBlocking(pid)
+	}
+	var waitErr error
+	err = raw.Read(func(fd uintptr) bool {
+		for {
+			// Linux zeroes info when nothing is waitable yet.
+			var info unix.Siginfo
+			waitErr = unix.Waitid(unix.P_PIDFD, int(fd), &info, unix.WEXITED|unix.WNOWAIT|unix.WNOHANG, nil)
+			if !errors.Is(waitErr, unix.EINTR) {
+				return waitErr != nil || info.Signo != 0
+			}
+		}
+	})
+	return errors.Join(err, waitErr)
+}
+
+// awaitExitBlocking is awaitExit holding an OS thread in waitid.
+func awaitExitBlocking(pid int) error {
 	for {
 		var info unix.Siginfo
 		err := unix.Waitid(unix.P_PID, pid, &info, unix.WEXITED|unix.WNOWAIT, nil)

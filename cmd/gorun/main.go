@@ -21,6 +21,7 @@ import (
 
 	"github.com/rs/zerolog"
 	"github.com/urfave/cli/v2"
+	"golang.org/x/sys/unix"
 
 	"github.com/gorun/gorun/elastic"
 	"github.com/gorun/gorun/launcher"
@@ -288,8 +289,17 @@ func isTerminal(w io.Writer) bool {
 	if !ok {
 		return false
 	}
-	fi, err := f.Stat()
-	return err == nil && fi.Mode()&os.ModeCharDevice != 0
+	// A terminal answers TCGETS; /dev/null, a character device too, does
+	// not, and output thrown away needs no terminal per worker.
+	raw, err := f.SyscallConn()
+	if err != nil {
+		return false
+	}
+	var termErr error
+	if err := raw.Control(func(fd uintptr) { _, termErr = unix.IoctlGetTermios(int(fd), unix.TCGETS) }); err != nil {
+		return false
+	}
+	return termErr == nil
 }
 
 // leaveLinger is how long the store's host, leaving on a signal or an
