@@ -11,6 +11,12 @@ issue's targets marked met or missed:
                timed by hyperfine (bench/launcher.py)
   store        set/get/add ops/s of torch's TCPStore clients against
                torch's server and gorun's (bench/store.py)
+  scale        cluster scale, one part per script: the store under 1K to
+               16K simulated ranks against torch's server (scale_store.py),
+               rendezvous rounds of 200 to 4,096 nodes (scale_rdzv.py),
+               64 and 128 sshd hosts against mpirun (scale_ssh.py, root)
+               and 256 workers on one node against torchrun
+               (scale_wide.py)
 
 The machine is shared and noisy: read the ratios, which come from the same
 run, rather than the figures. Progress goes to stderr, the tables to
@@ -23,6 +29,7 @@ naming its Debian package. The full run takes 10 to 15 minutes on 2 cores.
 """
 import argparse
 import datetime
+import importlib
 import json
 import os
 import platform
@@ -39,7 +46,15 @@ import launcher  # noqa: E402
 import store  # noqa: E402
 from common import PY, ROOT  # noqa: E402
 
-SECTIONS = ("collectives", "launcher", "store")
+SECTIONS = ("collectives", "launcher", "store", "scale")
+SCALE_PARTS = ("store", "rdzv", "ssh", "wide")
+
+
+def scale_module(part):
+    """bench/scale_PART.py: run(rounds, quick) and render(result), as
+    launcher.py has; check_tools(), where it has one, exits naming what
+    this machine lacks."""
+    return importlib.import_module("scale_" + part)
 
 
 def missing(sections):
@@ -48,7 +63,7 @@ def missing(sections):
     needs = []
     bins = {"gorun": "make build", "allreduce-perf": "make build", "storeserver": "go build -o bin/ ./bench/storeserver"}
     wanted = {"gorun"} | ({"allreduce-perf"} if "collectives" in sections else set()) | \
-        ({"storeserver"} if "store" in sections else set())
+        ({"storeserver"} if {"store", "scale"} & set(sections) else set())
     for name in sorted(wanted):
         if not os.access(os.path.join(ROOT, "bin", name), os.X_OK):
             needs.append(f"bin/{name} is not built: run {bins[name]}")
@@ -124,6 +139,8 @@ def main():
                    help="collectives, some of " + ",".join(collectives.OPS))
     p.add_argument("--sizes", type=sizes_arg, help="bytes, K/M/G suffixes (default 8,64K,1M,16M,64M)")
     p.add_argument("--worlds", type=lambda s: tuple(int(v) for v in s.split(",")), default=collectives.WORLDS)
+    p.add_argument("--scale-parts", type=list_arg(SCALE_PARTS), default=SCALE_PARTS,
+                   help="parts of the scale section, some of " + ",".join(SCALE_PARTS))
     p.add_argument("--out", help="also write the tables to this file")
     p.add_argument("--json", help="write every round's raw figures to this file")
     p.add_argument("--strict", action="store_true", help="exit 1 when a target is missed")
@@ -134,6 +151,9 @@ def main():
     needs = missing(args.sections)
     if needs:
         sys.exit("bench-compare: cannot run:\n  " + "\n  ".join(needs))
+    if "scale" in args.sections:
+        for part in args.scale_parts:
+            getattr(scale_module(part), "check_tools", lambda: None)()
 
     began = time.monotonic()
     lines = [f"## gorun vs torch 1.13 and OpenMPI, {datetime.date.today().isoformat()}", "",
@@ -156,6 +176,17 @@ def main():
         lines += store.render(rates, rounds) + [""]
         raw["store_ops_per_s"] = [{"server": s, "op": op, "clients": c, "rounds": r}
                                   for (s, op, c), r in sorted(rates.items())]
+
+    if "scale" in args.sections:
+        raw["scale"] = {}
+        for part in args.scale_parts:
+            module = scale_module(part)
+            # Each scale round is minutes long (mpirun over 128 sshd).
+            result = module.run(min(rounds, 2), args.quick)
+            part_lines, part_verdicts = module.render(result)
+            lines += part_lines + [""]
+            verdicts += part_verdicts
+            raw["scale"][part] = result
 
     missed = [v for v in verdicts if not v[2]]
     lines.append(f"### Targets: {len(verdicts) - len(missed)} of {len(verdicts)} met")

@@ -26,20 +26,27 @@ import (
 // treeShares splits n hosts, for a launcher that reaches at most fanOut
 // hosts itself: it reaches hosts 0 to len(shares)-1, and host i launches
 // the hosts shares[i] in turn. The shares are consecutive runs of the
-// other hosts, as even as can be. Host 0 is reached directly: it hosts the
-// store, and the head asks it for the rendezvous endpoint.
+// other hosts, as even as can be. Host 0 is reached directly and, when
+// others are, launches none: at the head it hosts the store that every
+// agent waits for, and a relay starts its own agent only once it has
+// dialed its share (a share on host 0 delayed the store by seconds at 64
+// hosts).
 func treeShares(n, fanOut int) [][]int {
 	direct := min(n, max(fanOut, 1))
 	shares := make([][]int, direct)
+	relays := shares
+	if direct > 1 {
+		relays = shares[1:]
+	}
 	rest := n - direct
 	next := direct
-	for i := range shares {
-		size := rest / direct
-		if i < rest%direct {
+	for i := range relays {
+		size := rest / len(relays)
+		if i < rest%len(relays) {
 			size++
 		}
 		for range size {
-			shares[i] = append(shares[i], next)
+			relays[i] = append(relays[i], next)
 			next++
 		}
 	}

@@ -22,9 +22,9 @@ func TestTreeShares(t *testing.T) {
 	}{
 		{1, 32, [][]int{nil}},
 		{3, 3, [][]int{nil, nil, nil}},
-		{4, 3, [][]int{{3}, nil, nil}},
-		{5, 2, [][]int{{2, 3}, {4}}},
-		{10, 3, [][]int{{3, 4, 5}, {6, 7}, {8, 9}}},
+		{4, 3, [][]int{nil, {3}, nil}},
+		{5, 2, [][]int{nil, {2, 3, 4}}},
+		{10, 3, [][]int{nil, {3, 4, 5, 6}, {7, 8, 9}}},
 		{4, 1, [][]int{{1, 2, 3}}},
 		{3, 0, [][]int{{1, 2}}}, // a fan-out below 1 counts as 1
 	} {
@@ -37,7 +37,7 @@ func TestTreeShares(t *testing.T) {
 // TestTreeReachesEveryHostOnce walks the whole tree as the relays build it:
 // every host is launched once, and no launcher reaches more than fanOut.
 func TestTreeReachesEveryHostOnce(t *testing.T) {
-	for _, tc := range []struct{ n, fanOut, depth int }{{5, 2, 2}, {1000, 32, 2}, {10000, 32, 3}, {128, 8, 3}} {
+	for _, tc := range []struct{ n, fanOut, depth int }{{5, 2, 3}, {1000, 32, 2}, {10000, 32, 3}, {128, 8, 3}} {
 		seen := make([]int, tc.n)
 		var walk func(hosts []int, depth int) int
 		walk = func(hosts []int, depth int) int {

@@ -16,8 +16,8 @@ import (
 )
 
 // treeHosts is the tree launch of the tests: five hosts, --ssh-fanout 2.
-// The head reaches 127.0.0.1 and 127.0.0.2; 127.0.0.1 relays to .3 and
-// .4, 127.0.0.2 to .5.
+// The head reaches 127.0.0.1, which hosts the store and relays nothing,
+// and 127.0.0.2, which reaches .3 and .4; .4 relays to .5.
 const treeHosts = "127.0.0.1:1,127.0.0.2:1,127.0.0.3:1,127.0.0.4:1,127.0.0.5:1"
 
 func TestSSHTreeLaunch(t *testing.T) {
@@ -145,22 +145,19 @@ func startTreeSleepers(t *testing.T, args []string) (*agent, []int) {
 	return h, pids
 }
 
-// relayAgent finds the agent of a relay that does not host the store
-// (killing that one would leave the others retrying to reach it): the
-// child of the gorun --ssh-relay that sshd runs on 127.0.0.1 or 127.0.0.2.
+// relayAgent finds the agent of the head's relay (the child of the gorun
+// --ssh-relay that sshd runs on 127.0.0.2), checking that it does not host
+// the store: killing that one would leave the others retrying to reach it.
 func relayAgent(t *testing.T, c *sshCluster, h *agent) (ip string, pid int) {
 	t.Helper()
 	i := slices.Index(h.cmd.Args, "--rdzv-endpoint")
 	_, port, _ := strings.Cut(h.cmd.Args[i+1], ":")
-	for k, s := range c.servers[:2] {
-		relay := findProcess(t, s.SessionPids(), "--"+sshRelayFlag)
-		agent := findProcess(t, sshtest.Descendants(relay), "--node-rank")
-		if !listens(t, agent, port) {
-			return fmt.Sprintf("127.0.0.%d", k+1), agent
-		}
+	relay := findProcess(t, c.servers[1].SessionPids(), "--"+sshRelayFlag)
+	agent := findProcess(t, sshtest.Descendants(relay), "--node-rank")
+	if listens(t, agent, port) {
+		t.Fatal("the relay's agent hosts the store")
 	}
-	t.Fatal("both relays' agents host the store")
-	return "", 0
+	return "127.0.0.2", agent
 }
 
 // listens reports whether pid has a listening TCP socket on port.
