@@ -145,19 +145,24 @@ func startTreeSleepers(t *testing.T, args []string) (*agent, []int) {
 	return h, pids
 }
 
-// relayAgent finds the agent of the head's relay (the child of the gorun
-// --ssh-relay that sshd runs on 127.0.0.2), checking that it does not host
-// the store: killing that one would leave the others retrying to reach it.
+// relayAgent finds the agent of a relay (the child of a gorun --ssh-relay
+// that sshd runs: on 127.0.0.2 or 127.0.0.4) that does not host the store:
+// killing that one would leave the others retrying to reach it. Every
+// agent here is on this machine, so whichever binds the endpoint first
+// hosts it.
 func relayAgent(t *testing.T, c *sshCluster, h *agent) (ip string, pid int) {
 	t.Helper()
 	i := slices.Index(h.cmd.Args, "--rdzv-endpoint")
 	_, port, _ := strings.Cut(h.cmd.Args[i+1], ":")
-	relay := findProcess(t, c.servers[1].SessionPids(), "--"+sshRelayFlag)
-	agent := findProcess(t, sshtest.Descendants(relay), "--node-rank")
-	if listens(t, agent, port) {
-		t.Fatal("the relay's agent hosts the store")
+	for _, k := range []int{1, 3} {
+		relay := findProcess(t, c.servers[k].SessionPids(), "--"+sshRelayFlag)
+		agent := findProcess(t, sshtest.Descendants(relay), "--node-rank")
+		if !listens(t, agent, port) {
+			return fmt.Sprintf("127.0.0.%d", k+1), agent
+		}
 	}
-	return "127.0.0.2", agent
+	t.Fatal("both relays' agents host the store")
+	return "", 0
 }
 
 // listens reports whether pid has a listening TCP socket on port.
