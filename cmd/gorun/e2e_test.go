@@ -556,7 +556,9 @@ func listenLoopback(port int) (net.Listener, error) {
 
 func freePort(t *testing.T) int {
 	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
+	// On every address, as the store binds it: a port free on 127.0.0.1
+	// may be held on 127.0.0.2 by another test's host.
+	l, err := net.Listen("tcp", ":0")
 	if err != nil {
 		t.Fatal(err)
 	}

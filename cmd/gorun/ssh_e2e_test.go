@@ -316,17 +316,24 @@ func TestSSHLaunch(t *testing.T) {
 	})
 }
 
-// startSleepers starts a head whose four workers record their pids and
-// sleep, and returns it once they all run.
+// startSleepers starts a two-host head whose four workers record their pids
+// and sleep, and returns it once they all run.
 func (c *sshCluster) startSleepers(t *testing.T) (*agent, []int) {
+	t.Helper()
+	return startSleepers(t, c.headArgs(t, "--hosts", "127.0.0.1:2,127.0.0.2:2"), 4, 60*time.Second)
+}
+
+// startSleepers starts a head with args and a worker that records its pid
+// and sleeps, and returns it once all ranks run, with their pids.
+func startSleepers(t *testing.T, args []string, ranks int, within time.Duration) (*agent, []int) {
 	t.Helper()
 	dir := t.TempDir()
 	worker := script(t, dir, "worker.sh", `echo $$ > "$0.pid.$RANK.tmp" && mv "$0.pid.$RANK.tmp" "$0.pid.$RANK" && exec sleep 300`+"\n")
-	h := startHead(t, dir, c.headArgs(t, "--hosts", "127.0.0.1:2,127.0.0.2:2", worker)...)
+	h := startHead(t, dir, append(args, worker)...)
 	var pids []int
-	if !waitFor(60*time.Second, func() bool {
+	if !waitFor(within, func() bool {
 		pids = pids[:0]
-		for r := range 4 {
+		for r := range ranks {
 			b, err := os.ReadFile(fmt.Sprintf("%s.pid.%d", worker, r))
 			if err != nil {
 				return false

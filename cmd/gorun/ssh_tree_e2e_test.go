@@ -117,32 +117,7 @@ if [ "$RANK" = 4 ]; then exit 7; fi; sleep 2`+"\n")
 // record their pids and sleep, and returns it once they all run.
 func startTreeSleepers(t *testing.T, args []string) (*agent, []int) {
 	t.Helper()
-	dir := t.TempDir()
-	worker := script(t, dir, "worker.sh", `echo $$ > "$0.pid.$RANK.tmp" && mv "$0.pid.$RANK.tmp" "$0.pid.$RANK" && exec sleep 300`+"\n")
-	h := startHead(t, dir, append(args, worker)...)
-	var pids []int
-	if !waitFor(90*time.Second, func() bool {
-		pids = pids[:0]
-		for r := range 5 {
-			b, err := os.ReadFile(fmt.Sprintf("%s.pid.%d", worker, r))
-			if err != nil {
-				return false
-			}
-			pid, _ := strconv.Atoi(strings.TrimSpace(string(b)))
-			pids = append(pids, pid)
-		}
-		return true
-	}) {
-		t.Fatalf("the workers did not all start:\n%s", h.out.String())
-	}
-	t.Cleanup(func() {
-		for _, pid := range pids {
-			if alive(pid) {
-				syscall.Kill(pid, syscall.SIGKILL)
-			}
-		}
-	})
-	return h, pids
+	return startSleepers(t, args, 5, 90*time.Second)
 }
 
 // relayAgent finds the agent of a relay (the child of a gorun --ssh-relay
