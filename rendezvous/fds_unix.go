@@ -79,3 +79,27 @@ func waitReadable(nc net.Conn) error {
 		return err != syscall.EAGAIN
 	})
 }
+
+// hasInput reports whether bytes wait to be read on nc, without waiting:
+// a connection marked idle whose reader has not yet been scheduled to
+// see its client's next request is not idle.
+func hasInput(nc net.Conn) bool {
+	if w, ok := nc.(readableWaiter); ok {
+		return w.hasInput()
+	}
+	sc, ok := nc.(syscall.Conn)
+	if !ok {
+		return false
+	}
+	rc, err := sc.SyscallConn()
+	if err != nil {
+		return false
+	}
+	pending := false
+	_ = rc.Control(func(fd uintptr) {
+		var peek [1]byte
+		n, _, err := syscall.Recvfrom(int(fd), peek[:], syscall.MSG_PEEK|syscall.MSG_DONTWAIT)
+		pending = err == nil && n > 0
+	})
+	return pending
+}

@@ -404,7 +404,9 @@ func (s *Server) longestIdleLocked() *conn {
 	var victim *conn
 	var longest time.Duration
 	for c := range s.conns {
-		if d, ok := c.idleFor(now); ok && d >= s.idleTimeout && d > longest {
+		// A request already in the socket makes it busy, not idle: its
+		// reader has only not been scheduled yet.
+		if d, ok := c.idleFor(now); ok && d >= s.idleTimeout && d > longest && !hasInput(c.nc) {
 			victim, longest = c, d
 		}
 	}
