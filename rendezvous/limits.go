@@ -387,7 +387,9 @@ func (s *Server) handshook(c *conn) {
 func (s *Server) oldestHandshakeLocked() *conn {
 	var oldest *conn
 	for c := range s.handshaking {
-		if oldest == nil || c.opened.Before(oldest.opened) {
+		// One whose first request is in its socket is no silent
+		// handshake: its reader has only not been scheduled yet.
+		if (oldest == nil || c.opened.Before(oldest.opened)) && !hasInput(c.nc) {
 			oldest = c
 		}
 	}
