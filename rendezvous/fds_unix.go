@@ -3,7 +3,6 @@
 package rendezvous
 
 import (
-	"errors"
 	"net"
 	"os"
 	"syscall"
@@ -54,52 +53,4 @@ func readAvailable(nc net.Conn, p []byte) int {
 		return 0
 	}
 	return n
-}
-
-// waitReadable blocks, holding no buffer, until nc has bytes to read or
-// has hung up or failed, or until its read deadline passes. It returns
-// errors.ErrUnsupported when nc offers no access to its socket.
-func waitReadable(nc net.Conn) error {
-	if w, ok := nc.(readableWaiter); ok {
-		return w.waitReadable()
-	}
-	sc, ok := nc.(syscall.Conn)
-	if !ok {
-		return errors.ErrUnsupported
-	}
-	rc, err := sc.SyscallConn()
-	if err != nil {
-		return errors.ErrUnsupported
-	}
-	var peek [1]byte
-	return rc.Read(func(fd uintptr) bool {
-		// Peek rather than trust the poller's last word: bytes left in the
-		// socket by a read that filled its buffer raise no new event.
-		_, _, err := syscall.Recvfrom(int(fd), peek[:], syscall.MSG_PEEK|syscall.MSG_DONTWAIT)
-		return err != syscall.EAGAIN
-	})
-}
-
-// hasInput reports whether bytes wait to be read on nc, without waiting:
-// a connection marked idle whose reader has not yet been scheduled to
-// see its client's next request is not idle.
-func hasInput(nc net.Conn) bool {
-	if w, ok := nc.(readableWaiter); ok {
-		return w.hasInput()
-	}
-	sc, ok := nc.(syscall.Conn)
-	if !ok {
-		return false
-	}
-	rc, err := sc.SyscallConn()
-	if err != nil {
-		return false
-	}
-	pending := false
-	_ = rc.Control(func(fd uintptr) {
-		var peek [1]byte
-		n, _, err := syscall.Recvfrom(int(fd), peek[:], syscall.MSG_PEEK|syscall.MSG_DONTWAIT)
-		pending = err == nil && n > 0
-	})
-	return pending
 }

@@ -2,8 +2,6 @@ package rendezvous
 
 import (
 	"errors"
-
-	"github.com/rs/zerolog"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -17,10 +15,8 @@ var ErrOverBudget = errors.New("rendezvous: store memory budget exceeded")
 // Default resource limits of a Server, shared by all its clients.
 const (
 	// DefaultMaxConns bounds open client connections. A torch 1.13 client
-	// holds two, a torch 2.x client one: a job of 100K ranks fits. The
-	// descriptors' reserve and the memory budget bound them too, and
-	// usually first.
-	DefaultMaxConns = 1 << 17
+	// holds two, a torch 2.x client one.
+	DefaultMaxConns = 16384
 	// DefaultMaxHandshakes bounds connections that have not yet sent a
 	// valid first request; past it the oldest of them is closed.
 	DefaultMaxHandshakes = 1024
@@ -41,8 +37,8 @@ const (
 // Costs charged to the memory budget beside the bytes of keys and values:
 // estimates of Go's overhead, generous so that the budget bounds the heap.
 const (
-	connCost      = 2*connBufferSize + 4<<10 // buffers while busy, a waiting goroutine's stack, state
-	entryCost     = 64                       // a map entry and a slice header
+	connCost      = 2*connBufferSize + 12<<10 // buffers, goroutine stack, state
+	entryCost     = 64                        // a map entry and a slice header
 	waiterCost    = 96
 	waitNodeCost  = 64
 	watcherCost   = watchBacklog * 56 // the event channel's buffer
@@ -352,7 +348,7 @@ func (s *Server) refuseConnLocked(c *conn, reason refuseReason) {
 	s.refusedConns.Add(1)
 	s.refusedConnsFor[reason].Add(1)
 	if ok, suppressed := s.acceptLog.allow(time.Now()); ok {
-		c.logAt(zerolog.WarnLevel).Str("reason", refuseText[reason]).Int("conns", len(s.conns)).Int("suppressed", suppressed).
+		c.log.Warn().Str("reason", refuseText[reason]).Int("conns", len(s.conns)).Int("suppressed", suppressed).
 			Msg("refusing a store connection")
 	}
 }
@@ -387,9 +383,7 @@ func (s *Server) handshook(c *conn) {
 func (s *Server) oldestHandshakeLocked() *conn {
 	var oldest *conn
 	for c := range s.handshaking {
-		// One whose first request is in its socket is no silent
-		// handshake: its reader has only not been scheduled yet.
-		if (oldest == nil || c.opened.Before(oldest.opened)) && !hasInput(c.nc) {
+		if oldest == nil || c.opened.Before(oldest.opened) {
 			oldest = c
 		}
 	}
@@ -406,9 +400,7 @@ func (s *Server) longestIdleLocked() *conn {
 	var victim *conn
 	var longest time.Duration
 	for c := range s.conns {
-		// A request already in the socket makes it busy, not idle: its
-		// reader has only not been scheduled yet.
-		if d, ok := c.idleFor(now); ok && d >= s.idleTimeout && d > longest && !hasInput(c.nc) {
+		if d, ok := c.idleFor(now); ok && d >= s.idleTimeout && d > longest {
 			victim, longest = c, d
 		}
 	}
@@ -417,14 +409,13 @@ func (s *Server) longestIdleLocked() *conn {
 
 // fdGauge tells when the process's open files come within a reserve of
 // its RLIMIT_NOFILE. It counts the process's descriptors (a directory
-// read) every 64 accepts or every sixteenth of the connections, whichever
-// is more, and whenever the estimate from its connection count comes near,
-// not at every accept. Guarded by Server.mu.
+// read) every 64 accepts and whenever the estimate from its connection
+// count comes near, not at every accept. Guarded by Server.mu.
 type fdGauge struct {
-	reserve    int  // negative: -default, capped at a quarter of the limit
-	off        bool // no reserve
-	other      int  // descriptors not the server's at the last count
-	sinceCount int  // accepts since that count
+	reserve int  // negative: -default, capped at a quarter of the limit
+	off     bool // no reserve
+	other   int  // descriptors not the server's at the last count
+	checks  int
 }
 
 // full reports whether a new connection, beside conns, would leave fewer
@@ -441,15 +432,10 @@ func (g *fdGauge) full(conns int) bool {
 	if reserve < 0 {
 		reserve = min(-reserve, limit/4)
 	}
-	// Counting reads a directory of every descriptor: done every 64
-	// accepts it made accepting 16K connections quadratic (half the
-	// server's time), so it is done once the connections grew by a
-	// sixteenth since the last count, or at each accept near the limit.
-	g.sinceCount++
-	if g.sinceCount < max(64, conns/16) && conns+1+g.other < limit-2*reserve {
+	g.checks++
+	if g.checks%64 != 1 && conns+1+g.other < limit-2*reserve {
 		return false
 	}
-	g.sinceCount = 0
 	n, err := countFDs()
 	if err != nil {
 		return conns+1+g.other > limit-reserve

@@ -207,7 +207,10 @@ func (s *Server) startConn(nc net.Conn) {
 	}
 	s.conns[c] = struct{}{}
 	s.wg.Add(1)
-	go c.serve()
+	go func() {
+		defer s.wg.Done()
+		c.serve()
+	}()
 }
 
 func (s *Server) forgetConn(c *conn) {
