@@ -262,41 +262,29 @@ func parseRelayEvent(word []byte) (relayEvent, bool) {
 // start with the relay's marker, which it hands to the launcher's loop as
 // events (until done is closed).
 type relayEvents struct {
-	w       io.Writer
-	marker  []byte
-	i       int
-	events  chan<- relayEvent
-	done    <-chan struct{}
-	partial []byte
+	w      io.Writer
+	marker []byte
+	i      int
+	events chan<- relayEvent
+	done   <-chan struct{}
+	lines  lineBuffer
 }
 
 func (r *relayEvents) Write(p []byte) (int, error) {
-	r.partial = append(r.partial, p...)
 	var out []byte
-	rest := r.partial
-	for {
-		i := bytes.IndexByte(rest, '\n')
-		if i < 0 {
-			break
-		}
-		line := rest[:i+1]
-		rest = rest[i+1:]
+	r.lines.feed(p, func(line []byte, whole bool) {
 		word, ok := bytes.CutPrefix(line, r.marker)
 		ev, valid := parseRelayEvent(word)
-		if !ok || !valid {
+		if !whole || !ok || !valid {
 			out = append(out, line...)
-			continue
+			return
 		}
 		ev.i = r.i
 		select {
 		case r.events <- ev:
 		case <-r.done:
 		}
-	}
-	if len(rest) > MaxLineLength {
-		out, rest = append(out, rest...), nil
-	}
-	r.partial = r.partial[:copy(r.partial, rest)]
+	})
 	if len(out) > 0 {
 		if _, err := r.w.Write(out); err != nil {
 			return 0, err

@@ -43,36 +43,57 @@ func (r *reportsSeen) first(report []byte) bool {
 // report is held back from its opening rule to its closing one; whatever
 // cannot be a whole report (too long, or cut off by Close) passes as is.
 type reportFilter struct {
-	w       io.WriteCloser
-	seen    *reportsSeen
-	partial []byte // the last line, until its newline comes
+	w     io.WriteCloser
+	seen  *reportsSeen
+	lines lineBuffer
 	// cut is set once the start of the last line was handed on: it is
 	// too long to be a rule.
 	cut   bool
 	block []byte // the report being collected; nil outside one
 }
 
-// Write hands on what passes of p in one write to f.w.
-func (f *reportFilter) Write(p []byte) (int, error) {
-	f.partial = append(f.partial, p...)
-	var out []byte
-	rest := f.partial
+// lineBuffer gathers a stream written in pieces into whole lines, holding
+// the unfinished last one, of which it keeps no more than MaxLineLength
+// bytes, as the console's lineWriter does.
+type lineBuffer struct{ partial []byte }
+
+// feed appends p and hands each whole line to line, in order, then the
+// start of an unfinished line that grew past MaxLineLength (whole false).
+// The slices are the buffer's own, valid only during the call.
+func (b *lineBuffer) feed(p []byte, line func(l []byte, whole bool)) {
+	b.partial = append(b.partial, p...)
+	rest := b.partial
 	for {
 		i := bytes.IndexByte(rest, '\n')
 		if i < 0 {
 			break
 		}
-		out = f.line(out, rest[:i+1])
+		line(rest[:i+1], true)
 		rest = rest[i+1:]
+	}
+	if len(rest) > MaxLineLength {
+		line(rest, false)
+		rest = nil
 	}
 	// Keep the unfinished line at the start of the buffer, which later
 	// appends then reuse.
-	f.partial = f.partial[:copy(f.partial, rest)]
-	if len(f.partial) > MaxLineLength {
-		// Like the console's lineWriter, hold no more of one line.
-		out = f.line(out, f.partial)
-		f.partial, f.cut = f.partial[:0], true
-	}
+	b.partial = b.partial[:copy(b.partial, rest)]
+}
+
+// take returns the unfinished line held, and forgets it.
+func (b *lineBuffer) take() []byte {
+	held := b.partial
+	b.partial = nil
+	return held
+}
+
+// Write hands on what passes of p in one write to f.w.
+func (f *reportFilter) Write(p []byte) (int, error) {
+	var out []byte
+	f.lines.feed(p, func(l []byte, whole bool) {
+		out = f.line(out, l)
+		f.cut = !whole
+	})
 	if len(out) > 0 {
 		if _, err := f.w.Write(out); err != nil {
 			return 0, err
@@ -110,7 +131,7 @@ func (f *reportFilter) line(out, line []byte) []byte {
 
 // Close passes on what is held back, then closes the destination.
 func (f *reportFilter) Close() error {
-	f.w.Write(append(f.block, f.partial...))
-	f.block, f.partial = nil, nil
+	f.w.Write(append(f.block, f.lines.take()...))
+	f.block = nil
 	return f.w.Close()
 }
