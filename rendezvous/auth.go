@@ -222,6 +222,9 @@ type authConn struct {
 	readDeadline time.Time // what the server last asked for
 }
 
+// NetConn returns the connection underneath, for a look at its socket.
+func (c *authConn) NetConn() net.Conn { return c.Conn }
+
 func (c *authConn) Read(p []byte) (int, error) {
 	c.once.Do(func() { c.err = c.accept() })
 	if c.err != nil {

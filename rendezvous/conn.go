@@ -2,6 +2,7 @@ package rendezvous
 
 import (
 	"bufio"
+	"container/list"
 	"errors"
 	"fmt"
 	"io"
@@ -22,12 +23,12 @@ import (
 // pusher of a 1.13 watch socket's events; wmu keeps every frame whole.
 // A pending WAIT costs no goroutine.
 type conn struct {
-	srv    *Server
-	nc     net.Conn
-	log    zerolog.Logger
-	r      frameReader
-	peer   string    // the remote host, for refusal warnings
-	opened time.Time // when accepted, to evict the oldest handshake
+	srv       *Server
+	nc        net.Conn
+	log       zerolog.Logger
+	r         frameReader
+	peer      string        // the remote host, for refusal warnings
+	handshake *list.Element // in Server.handshaking until a valid request; guarded by Server.mu
 
 	wmu     sync.Mutex
 	w       frameWriter
@@ -63,7 +64,6 @@ func newConn(s *Server, nc net.Conn) *conn {
 		nc:      nc,
 		log:     s.log.With().Stringer("remote", nc.RemoteAddr()).Logger(),
 		pending: make(map[*waiter]struct{}),
-		opened:  time.Now(),
 	}
 	c.peer = nc.RemoteAddr().String()
 	if host, _, err := net.SplitHostPort(c.peer); err == nil {

@@ -54,3 +54,26 @@ func readAvailable(nc net.Conn, p []byte) int {
 	}
 	return n
 }
+
+// hasInput reports whether bytes wait in nc's socket, without reading or
+// waiting for them.
+func hasInput(nc net.Conn) bool {
+	if u, ok := nc.(interface{ NetConn() net.Conn }); ok {
+		nc = u.NetConn()
+	}
+	sc, ok := nc.(syscall.Conn)
+	if !ok {
+		return false
+	}
+	rc, err := sc.SyscallConn()
+	if err != nil {
+		return false
+	}
+	pending := false
+	_ = rc.Control(func(fd uintptr) {
+		var peek [1]byte
+		n, _, err := syscall.Recvfrom(int(fd), peek[:], syscall.MSG_PEEK|syscall.MSG_DONTWAIT)
+		pending = err == nil && n > 0
+	})
+	return pending
+}

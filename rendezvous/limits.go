@@ -1,6 +1,7 @@
 package rendezvous
 
 import (
+	"container/list"
 	"errors"
 	"sync"
 	"sync/atomic"
@@ -261,7 +262,7 @@ type guard struct {
 	fds              fdGauge
 
 	peakConns   int
-	handshaking map[*conn]struct{} // connections without a valid request yet
+	handshaking *list.List // connections without a valid request yet, oldest first
 
 	refusedRequests atomic.Int64
 	refusedConns    atomic.Int64
@@ -302,7 +303,7 @@ func newGuard(opts ServerOptions, lim limits) guard {
 		handshakeTimeout: orDefault(opts.HandshakeTimeout, DefaultHandshakeTimeout),
 		idleTimeout:      idle,
 		fds:              fdGauge{reserve: reserve, off: opts.FDReserve < 0},
-		handshaking:      make(map[*conn]struct{}),
+		handshaking:      list.New(),
 		badFrameLog:      rateLimit{burst: 20, interval: time.Second},
 		acceptLog:        rateLimit{burst: 5, interval: 10 * time.Second},
 		refusalLog:       peerLimit{interval: time.Minute},
@@ -312,13 +313,19 @@ func newGuard(opts ServerOptions, lim limits) guard {
 // admitLocked decides whether a new connection is served, closing older
 // ones to make room where the limits allow, and charges it. The caller
 // holds s.mu and closes a connection refused.
+//
+// Only a silent handshake makes room: one whose first request already
+// waits in its socket is a client the server has not got to yet, as when
+// thousands of ranks connect at once. Over MaxHandshakes, the new
+// connection is admitted all the same; at the connection cap, it is
+// refused rather than a client that has spoken closed.
 func (s *Server) admitLocked(c *conn) bool {
-	if s.maxHandshakes > 0 && len(s.handshaking) >= s.maxHandshakes {
-		s.evictLocked(s.oldestHandshakeLocked())
+	if s.maxHandshakes > 0 && s.handshaking.Len() >= s.maxHandshakes {
+		s.evictLocked(s.silentHandshakeLocked())
 	}
 	atCap := s.maxConns > 0 && len(s.conns) >= s.maxConns
 	if atCap || s.fds.full(len(s.conns)) {
-		victim := s.oldestHandshakeLocked()
+		victim := s.silentHandshakeLocked()
 		if victim == nil {
 			victim = s.longestIdleLocked()
 		}
@@ -339,7 +346,7 @@ func (s *Server) admitLocked(c *conn) bool {
 	if s.handshakeTimeout > 0 {
 		_ = c.nc.SetReadDeadline(time.Now().Add(s.handshakeTimeout))
 	}
-	s.handshaking[c] = struct{}{}
+	c.handshake = s.handshaking.PushBack(c)
 	s.peakConns = max(s.peakConns, len(s.conns)+1)
 	return true
 }
@@ -369,7 +376,7 @@ func (s *Server) dropLocked(c *conn) {
 		return
 	}
 	delete(s.conns, c)
-	delete(s.handshaking, c)
+	s.leaveHandshakesLocked(c)
 	s.budget.release(connCost)
 }
 
@@ -377,17 +384,28 @@ func (s *Server) dropLocked(c *conn) {
 func (s *Server) handshook(c *conn) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	delete(s.handshaking, c)
+	s.leaveHandshakesLocked(c)
 }
 
-func (s *Server) oldestHandshakeLocked() *conn {
-	var oldest *conn
-	for c := range s.handshaking {
-		if oldest == nil || c.opened.Before(oldest.opened) {
-			oldest = c
-		}
+func (s *Server) leaveHandshakesLocked(c *conn) {
+	if c.handshake != nil {
+		s.handshaking.Remove(c.handshake)
+		c.handshake = nil
 	}
-	return oldest
+}
+
+// silentHandshakeLocked returns the oldest connection still to send a
+// valid request if nothing waits in its socket, else nil: one with bytes
+// there has a reader the scheduler has not run yet.
+func (s *Server) silentHandshakeLocked() *conn {
+	e := s.handshaking.Front()
+	if e == nil {
+		return nil
+	}
+	if c := e.Value.(*conn); !hasInput(c.nc) {
+		return c
+	}
+	return nil
 }
 
 // longestIdleLocked returns the connection idle longest, holding nothing,
