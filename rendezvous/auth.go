@@ -222,9 +222,6 @@ type authConn struct {
 	readDeadline time.Time // what the server last asked for
 }
 
-// NetConn returns the connection underneath, for a look at its socket.
-func (c *authConn) NetConn() net.Conn { return c.Conn }
-
 func (c *authConn) Read(p []byte) (int, error) {
 	c.once.Do(func() { c.err = c.accept() })
 	if c.err != nil {
@@ -232,6 +229,20 @@ func (c *authConn) Read(p []byte) (int, error) {
 	}
 	return c.Conn.Read(p)
 }
+
+// readableWaiter is a connection that can wait for bytes to read without
+// a buffer, as waitReadable does, and without giving raw access to its
+// socket (which would let a read bypass it).
+type readableWaiter interface {
+	waitReadable() error
+	hasInput() bool
+}
+
+// waitReadable lets an idle connection wait without a buffer; the
+// handshake still runs on its first Read.
+func (c *authConn) waitReadable() error { return waitReadable(c.Conn) }
+
+func (c *authConn) hasInput() bool { return hasInput(c.Conn) }
 
 // SetReadDeadline and SetDeadline are remembered, so that a deadline the
 // server set during the handshake (Shutdown's) holds after it.

@@ -22,17 +22,25 @@ import (
 // may write: the flusher of fired WAITs, started when one fires, or the
 // pusher of a 1.13 watch socket's events; wmu keeps every frame whole.
 // A pending WAIT costs no goroutine.
+//
+// An idle connection holds no buffer: its goroutine waits for the socket
+// to become readable without one (awaitRequest), takes a read buffer from
+// a pool for the requests that came, and gives it back, with the write
+// buffer once its replies are flushed, when it is idle again. At 16K ranks
+// nearly every connection is idle at any time, and two 4 KiB buffers each
+// were most of the server's memory. For the same reason the connection
+// keeps no logger (a zerolog context is half a KiB) and makes its map of
+// pending WAITs at its first WAIT.
 type conn struct {
 	srv       *Server
 	nc        net.Conn
-	log       zerolog.Logger
-	r         frameReader
-	peer      string        // the remote host, for refusal warnings
+	r         frameReader   // r.r is nil while idle
 	handshake *list.Element // in Server.handshaking until a valid request; guarded by Server.mu
+	opened    time.Time     // when admitted; guarded by Server.mu
 
 	wmu     sync.Mutex
-	w       frameWriter
-	pending map[*waiter]struct{} // WAITs not yet answered; guarded by wmu
+	w       frameWriter          // w.w is nil while nothing is buffered
+	pending map[*waiter]struct{} // WAITs not yet answered, nil before the first; guarded by wmu
 
 	fmu      sync.Mutex
 	fired    []*waiter // released WAITs whose STOP_WAITING is owed
@@ -47,7 +55,11 @@ type conn struct {
 	idleSince  time.Time
 	nudged     bool // Shutdown set a past read deadline to wake it
 	handshaken bool // a valid first request came
-	atBoundary bool // reader goroutine only: the next byte starts a request
+
+	// Reader goroutine only (one at a time, see serve).
+	atBoundary bool    // the next byte starts a request
+	detected   bool    // dialect is known
+	dialect    Dialect // the client's, from its first bytes
 }
 
 // Per-connection buffer sizes, kept small: torch 1.13 clients hold a second,
@@ -58,30 +70,107 @@ const connBufferSize = 4 << 10
 // has begun.
 var errServerClosing = errors.New("rendezvous: server shutting down")
 
+// The buffers of connections between requests.
+var (
+	readerPool = sync.Pool{New: func() any { return bufio.NewReaderSize(nil, connBufferSize) }}
+	writerPool = sync.Pool{New: func() any { return bufio.NewWriterSize(nil, connBufferSize) }}
+)
+
 func newConn(s *Server, nc net.Conn) *conn {
-	c := &conn{
-		srv:     s,
-		nc:      nc,
-		log:     s.log.With().Stringer("remote", nc.RemoteAddr()).Logger(),
-		pending: make(map[*waiter]struct{}),
+	return &conn{
+		srv: s,
+		nc:  nc,
+		r:   frameReader{lim: s.limits, mem: s.budget},
 	}
-	c.peer = nc.RemoteAddr().String()
-	if host, _, err := net.SplitHostPort(c.peer); err == nil {
-		c.peer = host
+}
+
+// logAt starts a log event about the connection.
+func (c *conn) logAt(level zerolog.Level) *zerolog.Event {
+	return c.srv.log.WithLevel(level).Stringer("remote", c.nc.RemoteAddr())
+}
+
+// peerHost is the remote host, for refusal warnings.
+func (c *conn) peerHost() string {
+	peer := c.nc.RemoteAddr().String()
+	if host, _, err := net.SplitHostPort(peer); err == nil {
+		return host
 	}
-	c.w = frameWriter{w: bufio.NewWriterSize(nc, connBufferSize)}
-	c.r = frameReader{
-		r:   bufio.NewReaderSize(connReader{c}, connBufferSize),
-		lim: s.limits,
-		mem: s.budget,
+	return peer
+}
+
+// writer returns the connection's frame writer, with a buffer from the
+// pool if it holds none. The caller holds wmu.
+func (c *conn) writer() *frameWriter {
+	if c.w.w == nil {
+		w := writerPool.Get().(*bufio.Writer)
+		w.Reset(c.nc)
+		c.w.w = w
 	}
-	return c
+	return &c.w
+}
+
+// flushLocked sends what is buffered and gives the buffer back. The
+// caller holds wmu.
+func (c *conn) flushLocked() error {
+	w := c.w.w
+	if w == nil {
+		return nil
+	}
+	err := w.Flush()
+	w.Reset(nil)
+	writerPool.Put(w)
+	c.w.w = nil
+	return err
 }
 
 func (c *conn) flush() error {
 	c.wmu.Lock()
 	defer c.wmu.Unlock()
-	return c.w.w.Flush()
+	return c.flushLocked()
+}
+
+// takeReader gives the reader goroutine a read buffer from the pool.
+func (c *conn) takeReader() {
+	if c.r.r == nil {
+		r := readerPool.Get().(*bufio.Reader)
+		r.Reset(connReader{c})
+		c.r.r = r
+	}
+}
+
+// dropReader gives the read buffer back; nothing may be buffered in it.
+func (c *conn) dropReader() {
+	if r := c.r.r; r != nil {
+		r.Reset(nil)
+		readerPool.Put(r)
+		c.r.r = nil
+	}
+}
+
+// awaitRequest waits, holding no buffer, until the next request's bytes
+// arrive (or the peer hangs up, or a deadline passes), with the replies
+// owed flushed and the connection marked idle meanwhile. It returns with
+// a read buffer taken and the bytes that came in it; once Shutdown has
+// begun, with those that drain finds.
+func (c *conn) awaitRequest() error {
+	if err := c.flush(); err != nil {
+		return err
+	}
+	c.dropReader()
+	if !c.enterIdle() {
+		err := waitReadable(c.nc)
+		c.leaveIdle()
+		shutdownWoke := err != nil && c.srv.shuttingDown() && errors.Is(err, os.ErrDeadlineExceeded)
+		if err != nil && !shutdownWoke && !errors.Is(err, errors.ErrUnsupported) {
+			return err
+		}
+		// Else connReader drains, or waits with the buffer where the
+		// connection cannot wait without one.
+	}
+	c.takeReader()
+	c.atBoundary = true
+	_, err := c.r.r.Peek(1)
+	return err
 }
 
 // connReader reads for the connection's bufio.Reader. It flushes owed
@@ -200,28 +289,56 @@ func (c *conn) idleFor(now time.Time) (time.Duration, bool) {
 	return now.Sub(c.idleSince), true
 }
 
+// serve waits for the connection's next requests and handles them, in a
+// goroutine of its own (the server counts it in wg). When it has to wait
+// again it hands the connection to a fresh goroutine and returns: a
+// goroutine's stack grows while it handles requests and shrinks only at
+// a collection that finds it idle, so a goroutine started to wait holds
+// the least stack (2 KiB where one that served requests kept 4 or more),
+// at the cost of starting one per exchange with the client.
 func (c *conn) serve() {
-	defer c.close()
-	c.atBoundary = true
-	d, err := c.r.detectDialect()
-	if err == nil && d == DialectV2 {
-		c.handshook()
+	defer c.srv.wg.Done()
+	err := c.awaitRequest()
+	if err == nil && !c.detected {
+		c.detected = true
+		if c.dialect, err = c.r.detectDialect(); err == nil && c.dialect == DialectV2 {
+			c.handshook()
+		}
 	}
-	for err == nil {
-		c.atBoundary = c.r.r.Buffered() == 0
-		var req request
-		if req, err = c.r.readRequest(d); err == nil {
+	if err == nil {
+		err = c.serveBuffered()
+	}
+	if err == nil {
+		c.srv.wg.Add(1)
+		go c.serve()
+		return
+	}
+	if errors.Is(err, errServerClosing) {
+		_ = c.flush()
+	}
+	c.logEnd(c.dialect, err)
+	c.dropReader()
+	c.close()
+}
+
+// serveBuffered handles requests until no byte of another has arrived.
+func (c *conn) serveBuffered() error {
+	for {
+		if c.atBoundary = c.r.r.Buffered() == 0; c.atBoundary {
+			return nil
+		}
+		req, err := c.r.readRequest(c.dialect)
+		if err == nil {
 			c.r.releaseHeld() // the table charges what it keeps
 			if err = c.handle(&req); err == nil {
 				c.handshook()
 			}
 		}
 		c.r.releaseHeld()
+		if err != nil {
+			return err
+		}
 	}
-	if errors.Is(err, errServerClosing) {
-		_ = c.flush()
-	}
-	c.logEnd(d, err)
 }
 
 // close releases everything the connection holds in the table.
@@ -232,6 +349,11 @@ func (c *conn) close() {
 		c.srv.table.cancel(w)
 	}
 	clear(c.pending)
+	if c.w.w != nil {
+		c.w.w.Reset(nil)
+		writerPool.Put(c.w.w)
+		c.w.w = nil
+	}
 	c.wmu.Unlock()
 	if c.watcher != nil {
 		c.srv.table.unwatch(c.watcher)
@@ -253,20 +375,20 @@ func (c *conn) logEnd(d Dialect, err error) {
 	var frameErr *frameError
 	switch {
 	case c.srv.shuttingDown(), errors.Is(err, net.ErrClosed), errors.Is(err, errServerClosing):
-		c.log.Debug().Stringer("dialect", d).Msg("connection closed by server")
+		c.logAt(zerolog.DebugLevel).Stringer("dialect", d).Msg("connection closed by server")
 	case errors.Is(err, io.EOF), errors.Is(err, syscall.ECONNRESET):
-		c.log.Debug().Stringer("dialect", d).Msg("connection closed by peer")
+		c.logAt(zerolog.DebugLevel).Stringer("dialect", d).Msg("connection closed by peer")
 	case errors.Is(err, errMissingKey):
-		c.log.Debug().Stringer("dialect", d).Err(err).Msg("closing connection on a get of a missing key")
+		c.logAt(zerolog.DebugLevel).Stringer("dialect", d).Err(err).Msg("closing connection on a get of a missing key")
 	case errors.Is(err, ErrOverBudget):
 		c.srv.refusedRequests.Add(1)
-		if c.srv.refusalLog.allow(c.peer, time.Now()) {
-			c.log.Warn().Str("peer", c.peer).Int64("budget", c.srv.budget.limit).Err(err).
+		if peer := c.peerHost(); c.srv.refusalLog.allow(peer, time.Now()) {
+			c.logAt(zerolog.WarnLevel).Str("peer", peer).Int64("budget", c.srv.budget.limit).Err(err).
 				Msg("refused a request past the store's memory budget; closing that connection (logged once a minute per peer)")
 		}
 	case errors.Is(err, os.ErrDeadlineExceeded) && !c.isHandshaken():
 		c.srv.timedOutConns.Add(1)
-		c.log.Debug().Dur("timeout", c.srv.handshakeTimeout).Msg("closing connection that sent no valid request in time")
+		c.logAt(zerolog.DebugLevel).Dur("timeout", c.srv.handshakeTimeout).Msg("closing connection that sent no valid request in time")
 	case errors.As(err, &frameErr):
 		c.warnLimited(d, err, "closing connection on a bad frame")
 	default:
@@ -280,7 +402,7 @@ func (c *conn) warnLimited(d Dialect, err error, msg string) {
 	if !ok {
 		return
 	}
-	e := c.log.Warn().Stringer("dialect", d).Err(err)
+	e := c.logAt(zerolog.WarnLevel).Stringer("dialect", d).Err(err)
 	if suppressed > 0 {
 		e = e.Int("suppressed", suppressed)
 	}
@@ -404,7 +526,7 @@ func opErr(op, key string, err error) error {
 func (c *conn) reply(write func(*frameWriter)) {
 	c.wmu.Lock()
 	defer c.wmu.Unlock()
-	write(&c.w)
+	write(c.writer())
 }
 
 // wait answers STOP_WAITING now if every key exists, else once they do.
@@ -419,8 +541,11 @@ func (c *conn) wait(keys []string) error {
 		return err
 	}
 	if w == nil {
-		c.w.putU8(stopWaiting)
+		c.writer().putU8(stopWaiting)
 		return nil
+	}
+	if c.pending == nil {
+		c.pending = make(map[*waiter]struct{})
 	}
 	c.pending[w] = struct{}{}
 	c.holds.Add(1)
@@ -464,9 +589,9 @@ func (c *conn) flushFired() {
 			}
 			delete(c.pending, w)
 			c.holds.Add(-1)
-			c.w.putU8(stopWaiting)
+			c.writer().putU8(stopWaiting)
 		}
-		err := c.w.w.Flush()
+		err := c.flushLocked()
 		c.wmu.Unlock()
 		if err != nil {
 			c.nc.Close() // the reader goroutine ends the connection
@@ -483,12 +608,12 @@ func (c *conn) cancelWaits() {
 	defer c.wmu.Unlock()
 	for w := range c.pending {
 		if !c.srv.table.cancel(w) {
-			c.w.putU8(stopWaiting)
+			c.writer().putU8(stopWaiting)
 		}
 		delete(c.pending, w)
 		c.holds.Add(-1)
 	}
-	c.w.putU8(waitCanceled)
+	c.writer().putU8(waitCanceled)
 }
 
 // watch registers a 1.13 WATCH_KEY: it acknowledges, then pushes an event
@@ -506,7 +631,7 @@ func (c *conn) watch(key string) error {
 	if err := c.srv.table.watch(remote, key, c.watcher); err != nil {
 		return err
 	}
-	c.w.putU8(keyWatchRegistered)
+	c.writer().putU8(keyWatchRegistered)
 	return nil
 }
 
@@ -515,11 +640,12 @@ func (c *conn) pushEvents(w *watcher) {
 	defer c.srv.wg.Done()
 	for ev := range w.events {
 		c.wmu.Lock()
-		c.w.putU8(ev.kind)
-		c.w.putString(ev.key)
-		c.w.putBytes(ev.oldValue)
-		c.w.putBytes(ev.newVal)
-		err := c.w.w.Flush()
+		w := c.writer()
+		w.putU8(ev.kind)
+		w.putString(ev.key)
+		w.putBytes(ev.oldValue)
+		w.putBytes(ev.newVal)
+		err := c.flushLocked()
 		c.wmu.Unlock()
 		if err != nil {
 			c.nc.Close()
@@ -527,7 +653,7 @@ func (c *conn) pushEvents(w *watcher) {
 		}
 	}
 	if w.overflowed {
-		c.log.Warn().Int("backlog", watchBacklog).Msg("closing watch connection that does not read its events")
+		c.logAt(zerolog.WarnLevel).Int("backlog", watchBacklog).Msg("closing watch connection that does not read its events")
 		c.nc.Close()
 	}
 }

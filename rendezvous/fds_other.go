@@ -13,4 +13,16 @@ func countFDs() (int, error) { return 0, errors.ErrUnsupported }
 
 func readAvailable(net.Conn, []byte) int { return 0 }
 
-func hasInput(net.Conn) bool { return false }
+func hasInput(nc net.Conn) bool {
+	if w, ok := nc.(readableWaiter); ok {
+		return w.hasInput()
+	}
+	return false
+}
+
+func waitReadable(nc net.Conn) error {
+	if w, ok := nc.(readableWaiter); ok {
+		return w.waitReadable()
+	}
+	return errors.ErrUnsupported
+}

@@ -3,6 +3,7 @@
 package rendezvous
 
 import (
+	"errors"
 	"net"
 	"os"
 	"syscall"
@@ -55,11 +56,36 @@ func readAvailable(nc net.Conn, p []byte) int {
 	return n
 }
 
-// hasInput reports whether bytes wait in nc's socket, without reading or
-// waiting for them.
+// waitReadable blocks, holding no buffer, until nc has bytes to read or
+// has hung up or failed, or until its read deadline passes. It returns
+// errors.ErrUnsupported when nc offers no access to its socket.
+func waitReadable(nc net.Conn) error {
+	if w, ok := nc.(readableWaiter); ok {
+		return w.waitReadable()
+	}
+	sc, ok := nc.(syscall.Conn)
+	if !ok {
+		return errors.ErrUnsupported
+	}
+	rc, err := sc.SyscallConn()
+	if err != nil {
+		return errors.ErrUnsupported
+	}
+	var peek [1]byte
+	return rc.Read(func(fd uintptr) bool {
+		// Peek rather than trust the poller's last word: bytes left in the
+		// socket by a read that filled its buffer raise no new event.
+		_, _, err := syscall.Recvfrom(int(fd), peek[:], syscall.MSG_PEEK|syscall.MSG_DONTWAIT)
+		return err != syscall.EAGAIN
+	})
+}
+
+// hasInput reports whether bytes wait to be read on nc, without waiting:
+// a connection marked idle whose reader has not yet been scheduled to
+// see its client's next request is not idle.
 func hasInput(nc net.Conn) bool {
-	if u, ok := nc.(interface{ NetConn() net.Conn }); ok {
-		nc = u.NetConn()
+	if w, ok := nc.(readableWaiter); ok {
+		return w.hasInput()
 	}
 	sc, ok := nc.(syscall.Conn)
 	if !ok {

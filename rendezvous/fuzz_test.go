@@ -73,6 +73,7 @@ func allocatedBy(fn func()) uint64 {
 // once the connection and its goroutines have ended.
 func serveBytes(srv *Server, data []byte) []byte {
 	nc := &bytesConn{in: bytes.NewReader(data)}
+	srv.wg.Add(1) // serve's, as Server.startConn counts it
 	newConn(srv, nc).serve()
 	srv.wg.Wait()
 	return nc.out.Bytes()

@@ -6,6 +6,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/rs/zerolog"
 )
 
 // ErrOverBudget refuses a client request that would take the store past
@@ -16,8 +18,10 @@ var ErrOverBudget = errors.New("rendezvous: store memory budget exceeded")
 // Default resource limits of a Server, shared by all its clients.
 const (
 	// DefaultMaxConns bounds open client connections. A torch 1.13 client
-	// holds two, a torch 2.x client one.
-	DefaultMaxConns = 16384
+	// holds two, a torch 2.x client one: a job of 100K ranks fits. The
+	// descriptors' reserve and the memory budget bound them too, and
+	// usually first.
+	DefaultMaxConns = 1 << 17
 	// DefaultMaxHandshakes bounds connections that have not yet sent a
 	// valid first request; past it the oldest of them is closed.
 	DefaultMaxHandshakes = 1024
@@ -38,8 +42,8 @@ const (
 // Costs charged to the memory budget beside the bytes of keys and values:
 // estimates of Go's overhead, generous so that the budget bounds the heap.
 const (
-	connCost      = 2*connBufferSize + 12<<10 // buffers, goroutine stack, state
-	entryCost     = 64                        // a map entry and a slice header
+	connCost      = 2*connBufferSize + 4<<10 // buffers while busy, a waiting goroutine's stack, state
+	entryCost     = 64                       // a map entry and a slice header
 	waiterCost    = 96
 	waitNodeCost  = 64
 	watcherCost   = watchBacklog * 56 // the event channel's buffer
@@ -314,18 +318,20 @@ func newGuard(opts ServerOptions, lim limits) guard {
 // ones to make room where the limits allow, and charges it. The caller
 // holds s.mu and closes a connection refused.
 //
-// Only a silent handshake makes room: one whose first request already
-// waits in its socket is a client the server has not got to yet, as when
-// thousands of ranks connect at once. Over MaxHandshakes, the new
-// connection is admitted all the same; at the connection cap, it is
-// refused rather than a client that has spoken closed.
+// Over MaxHandshakes, only a handshake silent for half the handshake
+// timeout makes room: when thousands of ranks connect at once, the oldest may have
+// its first request in its socket, unread by a reader not yet scheduled,
+// or be a client that connected a moment ago and has not written yet (its
+// own process as busy). The new connection is admitted all the same. At
+// the connection cap any silent handshake gives way, then the longest
+// idle connection; a client that has spoken is never closed for a new one.
 func (s *Server) admitLocked(c *conn) bool {
 	if s.maxHandshakes > 0 && s.handshaking.Len() >= s.maxHandshakes {
-		s.evictLocked(s.silentHandshakeLocked())
+		s.evictLocked(s.silentHandshakeLocked(s.silentAge()))
 	}
 	atCap := s.maxConns > 0 && len(s.conns) >= s.maxConns
 	if atCap || s.fds.full(len(s.conns)) {
-		victim := s.silentHandshakeLocked()
+		victim := s.silentHandshakeLocked(0)
 		if victim == nil {
 			victim = s.longestIdleLocked()
 		}
@@ -346,6 +352,7 @@ func (s *Server) admitLocked(c *conn) bool {
 	if s.handshakeTimeout > 0 {
 		_ = c.nc.SetReadDeadline(time.Now().Add(s.handshakeTimeout))
 	}
+	c.opened = time.Now()
 	c.handshake = s.handshaking.PushBack(c)
 	s.peakConns = max(s.peakConns, len(s.conns)+1)
 	return true
@@ -355,7 +362,7 @@ func (s *Server) refuseConnLocked(c *conn, reason refuseReason) {
 	s.refusedConns.Add(1)
 	s.refusedConnsFor[reason].Add(1)
 	if ok, suppressed := s.acceptLog.allow(time.Now()); ok {
-		c.log.Warn().Str("reason", refuseText[reason]).Int("conns", len(s.conns)).Int("suppressed", suppressed).
+		c.logAt(zerolog.WarnLevel).Str("reason", refuseText[reason]).Int("conns", len(s.conns)).Int("suppressed", suppressed).
 			Msg("refusing a store connection")
 	}
 }
@@ -394,18 +401,32 @@ func (s *Server) leaveHandshakesLocked(c *conn) {
 	}
 }
 
+// silentAge is how long a connection may send nothing before it counts as
+// silent over MaxHandshakes: half the handshake timeout. A rank's client
+// writes its first request as soon as it connects, but on a loaded machine
+// with thousands connecting at once, a second after the server accepted
+// it is not yet "at once".
+func (s *Server) silentAge() time.Duration {
+	if s.handshakeTimeout > 0 {
+		return s.handshakeTimeout / 2
+	}
+	return DefaultHandshakeTimeout / 2
+}
+
 // silentHandshakeLocked returns the oldest connection still to send a
-// valid request if nothing waits in its socket, else nil: one with bytes
-// there has a reader the scheduler has not run yet.
-func (s *Server) silentHandshakeLocked() *conn {
+// valid request if it has been open at least minAge and nothing waits in
+// its socket (one with bytes there has a reader the scheduler has not run
+// yet), else nil.
+func (s *Server) silentHandshakeLocked(minAge time.Duration) *conn {
 	e := s.handshaking.Front()
 	if e == nil {
 		return nil
 	}
-	if c := e.Value.(*conn); !hasInput(c.nc) {
-		return c
+	c := e.Value.(*conn)
+	if time.Since(c.opened) < minAge || hasInput(c.nc) {
+		return nil
 	}
-	return nil
+	return c
 }
 
 // longestIdleLocked returns the connection idle longest, holding nothing,
@@ -418,7 +439,9 @@ func (s *Server) longestIdleLocked() *conn {
 	var victim *conn
 	var longest time.Duration
 	for c := range s.conns {
-		if d, ok := c.idleFor(now); ok && d >= s.idleTimeout && d > longest {
+		// A request already in the socket makes it busy, not idle: its
+		// reader has only not been scheduled yet.
+		if d, ok := c.idleFor(now); ok && d >= s.idleTimeout && d > longest && !hasInput(c.nc) {
 			victim, longest = c, d
 		}
 	}
@@ -427,13 +450,14 @@ func (s *Server) longestIdleLocked() *conn {
 
 // fdGauge tells when the process's open files come within a reserve of
 // its RLIMIT_NOFILE. It counts the process's descriptors (a directory
-// read) every 64 accepts and whenever the estimate from its connection
-// count comes near, not at every accept. Guarded by Server.mu.
+// read) every 64 accepts or every sixteenth of the connections, whichever
+// is more, and whenever the estimate from its connection count comes near,
+// not at every accept. Guarded by Server.mu.
 type fdGauge struct {
-	reserve int  // negative: -default, capped at a quarter of the limit
-	off     bool // no reserve
-	other   int  // descriptors not the server's at the last count
-	checks  int
+	reserve    int  // negative: -default, capped at a quarter of the limit
+	off        bool // no reserve
+	other      int  // descriptors not the server's at the last count
+	sinceCount int  // accepts since that count
 }
 
 // full reports whether a new connection, beside conns, would leave fewer
@@ -450,10 +474,15 @@ func (g *fdGauge) full(conns int) bool {
 	if reserve < 0 {
 		reserve = min(-reserve, limit/4)
 	}
-	g.checks++
-	if g.checks%64 != 1 && conns+1+g.other < limit-2*reserve {
+	// Counting reads a directory of every descriptor: done every 64
+	// accepts it made accepting 16K connections quadratic (half the
+	// server's time), so it is done once the connections grew by a
+	// sixteenth since the last count, or at each accept near the limit.
+	g.sinceCount++
+	if g.sinceCount < max(64, conns/16) && conns+1+g.other < limit-2*reserve {
 		return false
 	}
+	g.sinceCount = 0
 	n, err := countFDs()
 	if err != nil {
 		return conns+1+g.other > limit-reserve

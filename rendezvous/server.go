@@ -207,10 +207,7 @@ func (s *Server) startConn(nc net.Conn) {
 	}
 	s.conns[c] = struct{}{}
 	s.wg.Add(1)
-	go func() {
-		defer s.wg.Done()
-		c.serve()
-	}()
+	go c.serve()
 }
 
 func (s *Server) forgetConn(c *conn) {
