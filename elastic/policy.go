@@ -85,6 +85,7 @@ const (
 type cause int
 
 const (
+	// noCause: nothing to log beyond the verdict's error.
 	noCause cause = iota
 	// roundChanged: the round changed under the workers, which were
 	// stopped to rejoin; no restart is spent.
@@ -217,7 +218,8 @@ func afterFailuresRead(n news) verdict {
 		result: &Result{Failures: last, ExitCode: last[0].ExitCode, Restarts: n.restarts}}
 }
 
-func finishWith(err error) verdict { return verdict{do: finish, err: err} }
+// finishWith ends Run with the agent's own error, which says it all.
+func finishWith(err error) verdict { return verdict{do: finish, why: noCause, err: err} }
 
 // lastRoundFailures returns, in a new slice, the failures of the last
 // round that has any, root cause first.
@@ -300,7 +302,7 @@ func judgeExit(n exitNews) exitVerdict {
 	case failed && !n.hung && (!n.stopping || failedOnItsOwn(n.exit, n.out)):
 		return exitVerdict{failure: workerFailure, stop: true, explain: !n.stopping}
 	}
-	return exitVerdict{}
+	return exitVerdict{failure: notAFailure}
 }
 
 // failedOnItsOwn tells, once a failure has begun to stop the group,
