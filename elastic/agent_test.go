@@ -369,35 +369,42 @@ func TestAgentStopsOnASignalAtTheExitBarrier(t *testing.T) {
 	})
 }
 
+// nodeEnd is how one node's agent ended, and when.
+type nodeEnd struct {
+	node  int
+	after time.Duration
+	runResult
+}
+
+// runStaticNodes runs an agent for each of len(plans) static nodes that
+// share a store, node i's workers by plans[i]; it returns as each ended.
+func runStaticNodes(t *testing.T, nproc int, plans []plan) ([]nodeEnd, []*fakeWorkers) {
+	store := rendezvous.NewMemoryStore(time.Minute)
+	start := time.Now()
+	ends := make(chan nodeEnd, len(plans))
+	workers := make([]*fakeWorkers, len(plans))
+	for node, p := range plans {
+		workers[node] = &fakeWorkers{plan: func(int, int) plan { return p }}
+		spec := testSpec(t, nproc)
+		spec.MinNodes, spec.MaxNodes, spec.NodeRank, spec.Host = len(plans), len(plans), node, fmt.Sprint("node", node)
+		a := newTestAgent(spec, &staticHandler{store: store, rank: node, nodes: len(plans)}, workers[node], nil)
+		go func() {
+			r, err := a.Run(t.Context())
+			ends <- nodeEnd{node, time.Since(start), runResult{r, err}}
+		}()
+	}
+	var out []nodeEnd
+	for range plans {
+		out = append(out, <-ends)
+	}
+	return out, workers
+}
+
 func TestAgentWaitsAtTheExitBarrierForTheOtherNode(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		// Two static nodes share a store; node 0's workers take 5 s,
-		// node 1's one.
-		store := rendezvous.NewMemoryStore(time.Minute)
-		start := time.Now()
-		type ended struct {
-			node  int
-			after time.Duration
-			runResult
-		}
-		results := make(chan ended, 2)
-		workers := make([]*fakeWorkers, 2)
-		for node := range 2 {
-			run := 5 * time.Second
-			if node == 1 {
-				run = time.Second
-			}
-			workers[node] = &fakeWorkers{plan: func(int, int) plan { return plan{run: run} }}
-			spec := testSpec(t, 2)
-			spec.MaxNodes, spec.MinNodes, spec.NodeRank, spec.Host = 2, 2, node, fmt.Sprint("node", node)
-			a := newTestAgent(spec, &staticHandler{store: store, rank: node, nodes: 2}, workers[node], nil)
-			go func() {
-				r, err := a.Run(t.Context())
-				results <- ended{node, time.Since(start), runResult{r, err}}
-			}()
-		}
-		for range 2 {
-			e := <-results
+		// Node 0's workers take 5 s, node 1's one.
+		ends, workers := runStaticNodes(t, 2, []plan{{run: 5 * time.Second}, {run: time.Second}})
+		for _, e := range ends {
 			mustSucceed(t, e.res, e.err, 0)
 			if e.after != 5*time.Second {
 				t.Errorf("node %d returned after %v, want 5s: once both nodes' workers ended", e.node, e.after)
@@ -405,6 +412,26 @@ func TestAgentWaitsAtTheExitBarrierForTheOtherNode(t *testing.T) {
 		}
 		if got := mustStart(t, workers[1], 1)[0].env(0, "RANK"); got != "2" {
 			t.Errorf("node 1's first worker has RANK=%s, want 2", got)
+		}
+	})
+}
+
+func TestAgentOutOfRestartsOpensTheExitBarrier(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		// Node 1's workers succeed at 1 s and wait at the barrier; node
+		// 0's fail at 2 s with no restart left: node 0 counts as
+		// arrived, so node 1 need not wait out the barrier's minute.
+		ends, _ := runStaticNodes(t, 1, []plan{{run: 2 * time.Second, code: 5}, {run: time.Second}})
+		for _, e := range ends {
+			if e.after != 2*time.Second {
+				t.Errorf("node %d returned after %v, want 2s: when node 0's workers failed", e.node, e.after)
+			}
+			switch {
+			case e.node == 1:
+				mustSucceed(t, e.res, e.err, 0)
+			case e.err != nil || e.res.ExitCode != 5:
+				t.Errorf("node 0: Run = %+v, %v; want exit code 5", e.res, e.err)
+			}
 		}
 	})
 }
