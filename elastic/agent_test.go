@@ -2,9 +2,11 @@ package elastic
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"os"
+	"reflect"
 	"slices"
 	"syscall"
 	"testing"
@@ -434,4 +436,47 @@ func TestAgentOutOfRestartsOpensTheExitBarrier(t *testing.T) {
 			}
 		}
 	})
+}
+
+func TestAgentEndsWhenTheRendezvousDoes(t *testing.T) {
+	storeGone := errors.New("store gone")
+	tests := []struct {
+		name     string
+		join     func(n int) error
+		starts   int
+		want     *Result
+		wantErr  string
+		isRdzErr bool
+	}{
+		{name: "the job ended before this node got a place",
+			join: func(int) error { return rendezvous.ErrJobEnded }, want: &Result{}},
+		{name: "the store is gone at the first join",
+			join: func(int) error { return storeGone }, wantErr: "store gone", isRdzErr: true},
+		{name: "the store is gone at a rejoin", starts: 1,
+			join: func(n int) error {
+				if n > 0 {
+					return storeGone
+				}
+				return nil
+			}, wantErr: "elastic: cannot rejoin the job: store gone", isRdzErr: true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				// The workers fail and restart, which rejoins.
+				w := &fakeWorkers{plan: func(int, int) plan { return plan{run: time.Second, code: 1} }}
+				f := newFakeElastic(3)
+				f.join = tt.join
+				res, err := newTestAgent(elasticSpec(t, 3, 0), f, w, nil).Run(t.Context())
+				mustStart(t, w, tt.starts)
+				var re *RendezvousError
+				switch {
+				case tt.wantErr == "" && (err != nil || !reflect.DeepEqual(res, tt.want)):
+					t.Fatalf("Run = %+v, %v; want %+v", res, err, tt.want)
+				case tt.wantErr != "" && (err == nil || err.Error() != tt.wantErr || errors.As(err, &re) != tt.isRdzErr || !errors.Is(err, storeGone)):
+					t.Fatalf("Run = %+v, %v; want the rendezvous error %q", res, err, tt.wantErr)
+				}
+			})
+		})
+	}
 }

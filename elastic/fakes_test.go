@@ -176,6 +176,8 @@ type fakeElastic struct {
 	// barrier answers Done, the n-th call (from 0); nil = every node
 	// succeeded.
 	barrier func(ctx context.Context, n int) error
+	// join, when set, may refuse the n-th Next (from 0).
+	join func(n int) error
 	// weighing receives once per Weigh call.
 	weighing chan struct{}
 
@@ -198,6 +200,11 @@ func newFakeElastic(maxRestarts int) *fakeElastic {
 func (f *fakeElastic) Next(ctx context.Context) (*rendezvous.Round, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	if f.join != nil {
+		if err := f.join(f.rounds); err != nil {
+			return nil, err
+		}
+	}
 	if f.round != nil {
 		f.round.End("this node rejoins")
 	}
