@@ -47,6 +47,30 @@ type Options struct {
 	Metrics *Metrics
 	// Timeline, when set, records the agent's events (gorun --report).
 	Timeline *Timeline
+	// StartGroup starts a worker group (nil = launcher.StartGroup); tests
+	// give the agent workers that are not processes.
+	StartGroup func(specs []launcher.WorkerSpec, opts launcher.GroupOptions) (WorkerGroup, error)
+}
+
+// WorkerGroup is a started worker group as the agent drives it:
+// *launcher.Group's methods, which document them.
+type WorkerGroup interface {
+	Exits() <-chan launcher.Exit
+	Pids() []int
+	Signal(sig syscall.Signal) error
+	SignalWorker(slot int, sig syscall.Signal) error
+	Stop(sig syscall.Signal, grace time.Duration)
+}
+
+var _ WorkerGroup = (*launcher.Group)(nil)
+
+// startProcesses is the production Options.StartGroup.
+func startProcesses(specs []launcher.WorkerSpec, opts launcher.GroupOptions) (WorkerGroup, error) {
+	g, err := launcher.StartGroup(specs, opts)
+	if err != nil {
+		return nil, err // not a nil *launcher.Group in an interface
+	}
+	return g, nil
 }
 
 // Agent runs one node's worker group through restarts until the job ends.
@@ -64,6 +88,9 @@ func NewAgent(spec Spec, opts Options) *Agent {
 	now := opts.Now
 	if now == nil {
 		now = time.Now
+	}
+	if opts.StartGroup == nil {
+		opts.StartGroup = startProcesses
 	}
 	a := &Agent{spec: spec, opts: opts, log: opts.Logger, now: now}
 	a.board = newStatusBoard(&a.spec, a.log, now, opts.Metrics)
@@ -108,18 +135,9 @@ func (a *Agent) Run(ctx context.Context) (*Result, error) {
 			r, err = m.next(ctx)
 			return err
 		})
-		switch sig := stopSignal(err); {
-		case sig != 0:
-			return a.stop(m, sig, restarts), nil
-		case errors.Is(err, rendezvous.ErrJobFailed):
-			return a.jobFailed(ctx, m, restarts)
-		case errors.Is(err, rendezvous.ErrJobEnded):
-			a.log.Info().Err(err).Msg("the job ended before this node got a place")
-			return &Result{}, nil
-		case err != nil && attempt > 0:
-			return nil, &RendezvousError{fmt.Errorf("elastic: cannot rejoin the job: %w", err)}
-		case err != nil:
-			return nil, &RendezvousError{err}
+		v := decide(news{step: joined, err: err, restarts: restarts, rejoining: attempt > 0})
+		if v.do != runWorkers {
+			return a.end(ctx, m, v, restarts)
 		}
 		restarts = r.restarts
 		a.board.begin(r)
@@ -130,72 +148,92 @@ func (a *Agent) Run(ctx context.Context) (*Result, error) {
 			Int("restarts", r.restarts).Str("run_id", a.spec.RunID).Msg("rendezvous complete")
 
 		out, err := a.runRound(ctx, r, attempt, logs)
-		switch {
-		case stopSignal(err) != 0:
-			return a.stop(m, stopSignal(err), r.restarts), nil
-		case err != nil:
-			return nil, err
-		case out.signal != 0:
-			return a.stop(m, out.signal, r.restarts), nil
-		case out.err != nil:
-			return nil, out.err
-		case out.changed:
-			a.board.stopped(true)
-			a.log.Warn().Str("reason", r.reason()).Msg("the job's round changed; stopped the workers to rejoin")
-		case len(out.failures) > 0:
-			// Give heartbeats time to tell a lost node first: its death
-			// kills workers elsewhere too, and that must not spend the
-			// budget. A report on a round already superseded spends nothing.
-			superseded, sig, endWeighing := a.roundChangesWithin(ctx, m, r, a.spec.Dynamic.FailureGrace)
-			if sig != 0 {
-				endWeighing()
-				return a.stop(m, sig, r.restarts), nil
-			}
+		v = decide(news{step: workersEnded, err: err, restarts: restarts, out: out})
+		switch v.do {
+		case reportFailures:
 			for i := range out.failures {
 				out.failures[i].Round = r.number
 			}
 			sortRootCauseFirst(out.failures)
-			var restart bool
-			err := a.during(ctx, func(ctx context.Context) (err error) {
-				restart, err = m.fail(ctx, out.failures)
-				return err
-			})
-			endWeighing()
-			if sig := stopSignal(err); sig != 0 {
-				return a.stop(m, sig, r.restarts), nil
-			}
-			if err != nil && !errors.Is(err, rendezvous.ErrJobFailed) {
-				return nil, &RendezvousError{fmt.Errorf("elastic: report the failure: %w", err)}
-			}
-			if !restart {
-				return a.jobFailed(ctx, m, r.restarts)
-			}
-			a.board.stopped(true)
-			f := out.failures[0]
-			if superseded {
-				a.log.Warn().Int("rank", f.Rank).Str("status", f.Exit.String()).Str("reason", r.reason()).
-					Msg("workers failed as the job's round changed; rejoining")
-			} else {
-				a.log.Warn().Str("event", eventRestart).Int("rank", f.Rank).Str("status", f.Exit.String()).
-					Msgf("worker group failed; restarting (%d/%d)", r.restarts+1, a.spec.MaxRestarts)
-			}
-		default:
-			err := a.during(ctx, m.done)
-			switch {
-			case stopSignal(err) != 0:
-				return a.stop(m, stopSignal(err), r.restarts), nil
-			case errors.Is(err, rendezvous.ErrRoundChanged):
-				a.log.Warn().Str("reason", r.reason()).Msg("another node's round changed after this one finished; running again")
-				continue
-			case errors.Is(err, rendezvous.ErrJobFailed):
-				return a.jobFailed(ctx, m, r.restarts)
-			case err != nil:
-				a.log.Warn().Err(err).Msg("exit barrier")
-			}
-			a.log.Info().Int("restarts", r.restarts).Msg("all workers succeeded")
-			return &Result{Restarts: r.restarts}, nil
+			superseded, restart, err := a.reportFailures(ctx, m, r, out.failures)
+			v = decide(news{step: failureReported, err: err, restarts: restarts, restart: restart, superseded: superseded})
+		case awaitExit:
+			v = decide(news{step: barrierPassed, err: a.during(ctx, m.done), restarts: restarts})
+		}
+		if v.do != rejoin {
+			return a.end(ctx, m, v, restarts)
+		}
+		a.rejoin(r, v.why, out)
+	}
+}
+
+// rejoin tells why the agent joins the next round after round r, whose
+// workers ended as out.
+func (a *Agent) rejoin(r *round, why cause, out outcome) {
+	switch why {
+	case roundChanged:
+		a.board.stopped(true)
+		a.log.Warn().Str("reason", r.reason()).Msg("the job's round changed; stopped the workers to rejoin")
+	case failedAsRoundChanged:
+		a.board.stopped(true)
+		f := out.failures[0]
+		a.log.Warn().Int("rank", f.Rank).Str("status", f.Exit.String()).Str("reason", r.reason()).
+			Msg("workers failed as the job's round changed; rejoining")
+	case workersFailed:
+		a.board.stopped(true)
+		f := out.failures[0]
+		a.log.Warn().Str("event", eventRestart).Int("rank", f.Rank).Str("status", f.Exit.String()).
+			Msgf("worker group failed; restarting (%d/%d)", r.restarts+1, a.spec.MaxRestarts)
+	case runAgain:
+		a.log.Warn().Str("reason", r.reason()).Msg("another node's round changed after this one finished; running again")
+	}
+}
+
+// end carries out a verdict that ends Run: it stops on a signal, reads
+// the job's failures when the job failed, or returns the verdict's
+// result or error.
+func (a *Agent) end(ctx context.Context, m membership, v verdict, restarts int) (*Result, error) {
+	if v.do == failJob {
+		v = a.jobFailed(ctx, m, restarts)
+	}
+	if v.do == stopOnSignal {
+		return a.stop(m, v.sig, restarts), nil
+	}
+	switch v.why {
+	case jobEnded:
+		a.log.Info().Err(v.note).Msg("the job ended before this node got a place")
+	case succeeded:
+		if v.note != nil {
+			a.log.Warn().Err(v.note).Msg("exit barrier")
+		}
+		a.log.Info().Int("restarts", restarts).Msg("all workers succeeded")
+	}
+	return v.result, v.err
+}
+
+// reportFailures reports the workers' failures in round r, and tells
+// whether the job restarts. Among several nodes it first gives
+// heartbeats time to tell a lost node (roundChangesWithin): its death
+// kills workers elsewhere too, and that must not spend the budget; a
+// report on a round already superseded spends nothing. A stop signal
+// while it weighs is returned as a *stopError.
+func (a *Agent) reportFailures(ctx context.Context, m membership, r *round, fs []Failure) (superseded, restart bool, err error) {
+	grace := a.spec.Dynamic.FailureGrace
+	if weighsFailures(r.ranks.GroupWorldSize, grace) {
+		// Until the report is in, the other nodes count this one as
+		// weighing a failure, and wait for it before they read the job's.
+		endWeighing := m.weigh(ctx)
+		defer endWeighing()
+		var sig syscall.Signal
+		if superseded, sig = a.roundChangesWithin(ctx, m, r, grace); sig != 0 {
+			return superseded, false, &stopError{sig}
 		}
 	}
+	err = a.during(ctx, func(ctx context.Context) (err error) {
+		restart, err = m.fail(ctx, fs)
+		return err
+	})
+	return superseded, restart, err
 }
 
 // roundChangesWithin waits up to grace for the round to change. A node's
@@ -203,14 +241,8 @@ func (a *Agent) Run(ctx context.Context) (*Result, error) {
 // heartbeats can tell; such failures must not spend the restart budget,
 // which is for the workers' own faults. The wait ends early once every
 // other node has heartbeated since the failure (none was lost), and a
-// signal cuts it short. While it waits, this node counts as weighing a
-// failure (membership.weigh): call endWeighing once the failure is
-// reported.
-func (a *Agent) roundChangesWithin(ctx context.Context, m membership, r *round, grace time.Duration) (superseded bool, sig syscall.Signal, endWeighing func()) {
-	if r.ranks.GroupWorldSize <= 1 || grace <= 0 {
-		return false, 0, func() {}
-	}
-	endWeighing = m.weigh(ctx)
+// stop signal cuts it short.
+func (a *Agent) roundChangesWithin(ctx context.Context, m membership, r *round, grace time.Duration) (superseded bool, sig syscall.Signal) {
 	a.log.Info().Stringer("grace", grace).Msg("workers failed; checking that no node was lost before spending a restart")
 	t := time.NewTimer(grace)
 	defer t.Stop()
@@ -220,18 +252,18 @@ func (a *Agent) roundChangesWithin(ctx context.Context, m membership, r *round, 
 	for {
 		select {
 		case <-r.changed:
-			return true, 0, endWeighing
+			return true, 0
 		case <-alive:
 			a.log.Info().Msg("every node is alive: the failure is the workers' own")
-			return false, 0, endWeighing
+			return false, 0
 		case s := <-a.opts.Signals:
 			if sig, _ := s.(syscall.Signal); !isNotice(sig) {
-				return false, sig, endWeighing
+				return false, sig
 			}
 		case <-t.C:
-			return false, 0, endWeighing
+			return false, 0
 		case <-ctx.Done():
-			return false, 0, endWeighing
+			return false, 0
 		}
 	}
 }
@@ -343,36 +375,17 @@ func (a *Agent) membership(h rendezvous.Handler) membership {
 	return newStaticMembership(h, &a.spec, a.log)
 }
 
-// jobFailed ends the job with the failures every node reported in the
-// last round that failed, root cause first, and its exit status. Other
-// nodes may still be weighing their own failures (roundChangesWithin), so
-// it gives them that long, at most, to report first.
-func (a *Agent) jobFailed(ctx context.Context, m membership, restarts int) (*Result, error) {
+// jobFailed reads the failures every node reported, for the verdict on
+// the failed job (decide). Other nodes may still be weighing their own
+// failures (roundChangesWithin), so it gives them that long, at most, to
+// report first.
+func (a *Agent) jobFailed(ctx context.Context, m membership, restarts int) verdict {
 	var fs []Failure
 	err := a.during(ctx, func(ctx context.Context) (err error) {
 		fs, err = m.failures(ctx, a.spec.Dynamic.FailureGrace)
 		return err
 	})
-	if sig := stopSignal(err); sig != 0 {
-		return a.stop(m, sig, restarts), nil
-	}
-	if err != nil {
-		return nil, &RendezvousError{fmt.Errorf("elastic: read the job's failures: %w", err)}
-	}
-	if len(fs) == 0 {
-		return nil, errors.New("elastic: the job failed without a failure report")
-	}
-	last := fs[:0:0]
-	for _, f := range fs {
-		if len(last) > 0 && f.Round > last[0].Round {
-			last = last[:0]
-		}
-		if len(last) == 0 || f.Round == last[0].Round {
-			last = append(last, f)
-		}
-	}
-	sortRootCauseFirst(last)
-	return &Result{Failures: last, ExitCode: last[0].ExitCode, Restarts: restarts}, nil
+	return decide(news{step: failuresRead, err: err, failures: fs, restarts: restarts})
 }
 
 // runRound starts this node's workers for round r and supervises them
@@ -529,19 +542,21 @@ func (a *Agent) watch(ctx context.Context, att *attempt, changed <-chan struct{}
 			a.board.exited(e)
 			a.opts.Timeline.exited(e)
 			reaped, byWatchdog := timers.exited(e.LocalRank)
-			if stuck, all := hang.exited(e.LocalRank); stuck {
+			stuck, allStuck := hang.exited(e.LocalRank)
+			v := judgeExit(exitNews{exit: e, stuck: stuck, allStuck: allStuck, byWatchdog: byWatchdog,
+				hung: hang.hung(), stopping: stopping, out: out})
+			switch v.failure {
+			case hangFailure:
 				out.failures = append(out.failures, hang.failure(e.LocalRank, att.failure(e, a.spec.Host)))
-				if all {
-					stop(syscall.SIGTERM)
-				}
-			} else if byWatchdog && e.Failed() {
+			case watchdogFailure:
 				out.failures = append(out.failures, reaped.failure(att.failure(e, a.spec.Host)))
-				stop(syscall.SIGTERM)
-			} else if e.Failed() && !hang.hung() && (!stopping || failedOnItsOwn(e, out)) {
+			case workerFailure:
 				out.failures = append(out.failures, att.failure(e, a.spec.Host))
-				if !stopping {
-					hang.explainFailure()
-				}
+			}
+			if v.explain {
+				hang.explainFailure()
+			}
+			if v.stop {
 				stop(syscall.SIGTERM)
 			}
 		case <-hang.tick():
@@ -561,22 +576,21 @@ func (a *Agent) watch(ctx context.Context, att *attempt, changed <-chan struct{}
 			}
 		case s := <-a.opts.Signals:
 			sig, _ := s.(syscall.Signal)
-			if isNotice(sig) {
+			switch judgeSignal(sig, stopping, out.signal) {
+			case forwardNotice:
 				a.log.Info().Str("signal", signalName(sig)).Msg("forwarding a notice to the workers")
 				_ = att.group.Signal(sig)
-				continue
-			}
-			if stopping && out.signal != 0 {
+			case killWorkers:
 				a.log.Warn().Str("signal", signalName(sig)).Msg("second signal: killing the workers now")
 				_ = att.group.Signal(syscall.SIGKILL)
-				continue
+			case stopWorkers:
+				out.signal = sig
+				a.opts.Timeline.signalled(a.now(), sig)
+				if stopping {
+					_ = att.group.Signal(sig)
+				}
+				stop(sig)
 			}
-			out.signal = sig
-			a.opts.Timeline.signalled(a.now(), sig)
-			if stopping {
-				_ = att.group.Signal(sig)
-			}
-			stop(sig)
 		case <-changed:
 			changed = nil
 			if !stopping {
@@ -600,18 +614,6 @@ func (a *Agent) watch(ctx context.Context, att *attempt, changed <-chan struct{}
 // the job goes on.
 func isNotice(sig syscall.Signal) bool {
 	return sig == syscall.SIGUSR1 || sig == syscall.SIGUSR2
-}
-
-// failedOnItsOwn tells, once a failure has begun to stop the group,
-// whether another failed exit is a failure of its own rather than the
-// stop's doing: workers that fail together (one rank exits, its peers'
-// collectives fail) are seen in any order, and the one that failed first
-// must not be lost among the others. Exits by the stop's SIGTERM or
-// SIGKILL, and any exit after a signal or a round change stopped the
-// group, are the stop's doing.
-func failedOnItsOwn(e launcher.Exit, out outcome) bool {
-	return len(out.failures) > 0 && out.signal == 0 && !out.changed && out.err == nil &&
-		e.Signal != syscall.SIGTERM && e.Signal != syscall.SIGKILL
 }
 
 func signalName(sig syscall.Signal) string {

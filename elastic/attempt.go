@@ -19,7 +19,7 @@ import (
 
 // attempt is one start of the worker group and the output sinks it owns.
 type attempt struct {
-	group      *launcher.Group
+	group      WorkerGroup
 	errorFiles map[int]string // by slot (launcher.Exit.LocalRank)
 	progress   []progressFile // with --hang-timeout
 	stacks     map[int]string // the workers' stacks sockets, by slot
@@ -178,7 +178,7 @@ func (a *Agent) startAttempt(rk ranks, restart, number int, master workerEndpoin
 			specs[slot].CPUs = s.CPUs[slot]
 		}
 	}
-	group, err := launcher.StartGroup(specs, launcher.GroupOptions{Logger: a.log, Now: a.now, Keeper: a.opts.Keeper})
+	group, err := a.opts.StartGroup(specs, launcher.GroupOptions{Logger: a.log, Now: a.now, Keeper: a.opts.Keeper})
 	if err != nil {
 		att.closeOutput()
 		return nil, err

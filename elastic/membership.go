@@ -115,7 +115,7 @@ func (m *staticMembership) next(ctx context.Context) (*round, error) {
 
 func (m *staticMembership) fail(ctx context.Context, fs []Failure) (bool, error) {
 	m.reports = fs
-	if m.restarts < m.maxRestarts {
+	if restartsLeft(m.restarts, m.maxRestarts) {
 		m.restarts++
 		return true, nil
 	}
