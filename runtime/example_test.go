@@ -24,9 +24,12 @@ import (
 //
 //	gorun --nproc-per-node 4 ./train
 //
-// Here launch plays the launcher: it runs four ranks as goroutines of this
-// process, each with its own variables, which Init reads through
-// WithLookupEnv instead of the process's environment.
+// Here launch plays the launcher: it serves a store on the loopback
+// interface and runs four ranks as goroutines of this process, each with
+// its own variables, which Init reads through WithLookupEnv instead of the
+// process's environment; it prints what each rank wrote to out, in rank
+// order. The other examples run their ranks the same way, through
+// onRanks, which hands each rank the group Init returned.
 func Example() {
 	launch(4, func(ctx context.Context, lookupEnv func(string) (string, bool), out io.Writer) error {
 		pg, err := dist.Init(ctx, dist.WithLookupEnv(lookupEnv)) // in a program: dist.Init(ctx)
