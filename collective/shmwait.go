@@ -75,6 +75,12 @@ func (o *op) awaitSharedSince(peer int, word *atomic.Uint32, stamp uint32, curre
 	for i := 1; ; i++ {
 		if sleeping || i%shmCheckEvery == 0 {
 			if err := o.checkPeerAlive(peer); err != nil {
+				// A peer may signal and close at once (a rank that
+				// returns from its last call and exits): its signal
+				// counts, as it would had we looked a moment earlier.
+				if reached(word.Load(), stamp) {
+					return o.checkSharedPeer(peer, current)
+				}
 				return err
 			}
 			if err := o.checkSharedPeer(peer, false); err != nil {
