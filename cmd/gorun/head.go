@@ -50,6 +50,7 @@ func headFlags() []cli.Flag {
 		hiddenStringFlag("node-hosts", "the job's hosts in node-rank order, as the head names them, for the rendezvous's reports: set on remote agents"),
 		hiddenBoolFlag("exit-on-stdin-eof", "stop the job (as on SIGTERM) when stdin reaches EOF: set on remote agents"),
 		hiddenBoolFlag(tokenStdinFlag, "read the rendezvous secret from the first line of stdin: set on remote agents"),
+		hiddenBoolFlag(nodeHostsStdinFlag, "read --node-hosts from stdin, the line after the secret's if any: set on remote agents"),
 	}
 }
 
@@ -175,7 +176,11 @@ func planHead(c *cli.Context, spec elastic.Spec, secret string, log zerolog.Logg
 	for i, h := range hosts {
 		names[i] = h.Name
 	}
-	common := []string{"--nnodes", strconv.Itoa(len(hosts)), "--node-hosts", strings.Join(names, ",")}
+	// The host list goes on stdin, after the secret: in every agent's
+	// argv it would make one SSH command O(hosts) long, past the kernel's
+	// 128 KiB for one argument near 8,000 hosts.
+	common := []string{"--nnodes", strconv.Itoa(len(hosts)), "--" + nodeHostsStdinFlag}
+	hostLine := []byte(strings.Join(names, ",") + "\n")
 	var passed []string
 	for _, name := range []string{"rdzv-conf", "shutdown-timeout", "python", "role", "monitor-interval",
 		"redirects", "tee", "local-ranks-filter", "signals-to-handle", "hang-timeout", "log-dir", "log-format", "log-level", "backend", "bind-to",
@@ -226,6 +231,7 @@ func planHead(c *cli.Context, spec elastic.Spec, secret string, log zerolog.Logg
 			argv = append(argv, "--"+tokenStdinFlag)
 			stdin = []byte(secret + "\n")
 		}
+		stdin = append(stdin, hostLine...)
 		argv = append(argv, "--")
 		argv = append(argv, program...)
 		hostEnv := env

@@ -5,6 +5,7 @@
 package main
 
 import (
+	"bufio"
 	"cmp"
 	"context"
 	"crypto/tls"
@@ -174,9 +175,17 @@ func newApp(stdout, stderr io.Writer, status *int) *cli.App {
 			if err != nil {
 				return err
 			}
-			secret, err := rdzvSecret(c, &spec, os.Stdin, os.LookupEnv, func(msg string) { log.Warn().Msg(msg) })
+			// One reader for what the head writes on stdin (the secret's
+			// line, then the host list's) and the EOF that ends the job.
+			stdin := bufio.NewReader(os.Stdin)
+			secret, err := rdzvSecret(c, &spec, stdin, os.LookupEnv, func(msg string) { log.Warn().Msg(msg) })
 			if err != nil {
 				return err
+			}
+			if c.Bool(nodeHostsStdinFlag) {
+				if spec.NodeHosts, err = readNodeHosts(stdin); err != nil {
+					return err
+				}
 			}
 			if headMode(c) {
 				plan, err := planHead(c, spec, secret, log, stdout, stderr)
@@ -187,7 +196,11 @@ func newApp(stdout, stderr io.Writer, status *int) *cli.App {
 				*status = code
 				return err
 			}
-			code, err := launch(c.Context, spec, log, stdout, stderr, c.Bool("exit-on-stdin-eof"))
+			var eofStops io.Reader
+			if c.Bool("exit-on-stdin-eof") {
+				eofStops = stdin
+			}
+			code, err := launch(c.Context, spec, log, stdout, stderr, eofStops)
 			*status = code
 			return err
 		},
@@ -195,17 +208,17 @@ func newApp(stdout, stderr io.Writer, status *int) *cli.App {
 }
 
 // launch runs the agent for spec and returns the exit status of the job.
-// With exitOnStdinEOF, EOF on stdin stops the job as SIGTERM would: a
-// remote agent's stdin is its SSH session, which ends when the head is gone.
-func launch(ctx context.Context, spec elastic.Spec, log zerolog.Logger, stdout, stderr io.Writer, exitOnStdinEOF bool) (int, error) {
+// EOF on eofStops, if not nil, stops the job as SIGTERM would: a remote
+// agent's stdin is its SSH session, which ends when the head is gone.
+func launch(ctx context.Context, spec elastic.Spec, log zerolog.Logger, stdout, stderr io.Writer, eofStops io.Reader) (int, error) {
 	osSignals := make(chan os.Signal, 4)
 	for _, s := range spec.Signals {
 		signal.Notify(osSignals, s)
 	}
 	defer signal.Stop(osSignals)
 	signals := (<-chan os.Signal)(osSignals)
-	if exitOnStdinEOF {
-		signals = stopOnStdinEOF(ctx, os.Stdin, osSignals, log)
+	if eofStops != nil {
+		signals = stopOnStdinEOF(ctx, eofStops, osSignals, log)
 	}
 
 	exe, err := os.Executable()

@@ -1,9 +1,11 @@
 package main
 
 import (
+	"bufio"
 	"cmp"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"slices"
 	"strings"
@@ -525,6 +527,37 @@ func TestFailureStatus(t *testing.T) {
 	} {
 		if got := failureStatus(tc.err); got != tc.want {
 			t.Errorf("%v: %d, want %d", tc.err, got, tc.want)
+		}
+	}
+}
+
+// TestReadNodeHosts: the host list a remote agent reads from stdin, the
+// line after the secret's, leaves the rest of stdin (the head's EOF
+// signal) unread.
+func TestReadNodeHosts(t *testing.T) {
+	for _, tc := range []struct {
+		in, rest string
+		want     []string
+		err      string
+	}{
+		{in: "a,b,c\nrest", rest: "rest", want: []string{"a", "b", "c"}},
+		{in: "only\n", want: []string{"only"}},
+		{in: "\n", err: "an empty line"},
+		{in: "a,b", err: "stdin closed before the line's end"},
+	} {
+		r := bufio.NewReader(strings.NewReader(tc.in))
+		got, err := readNodeHosts(r)
+		switch {
+		case tc.err != "":
+			if err == nil || !strings.Contains(err.Error(), tc.err) {
+				t.Errorf("%q: got %v, %v; want error %q", tc.in, got, err, tc.err)
+			}
+		case err != nil || !slices.Equal(got, tc.want):
+			t.Errorf("%q: got %v, %v; want %v", tc.in, got, err, tc.want)
+		default:
+			if rest, _ := io.ReadAll(r); string(rest) != tc.rest {
+				t.Errorf("%q: left %q, want %q", tc.in, rest, tc.rest)
+			}
 		}
 	}
 }

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bufio"
 	"bytes"
 	"errors"
 	"fmt"
@@ -21,6 +22,26 @@ const rdzvTokenEnv = "GORUN_RDZV_TOKEN"
 // stdin: the head passes it so, over the SSH session, where no argv or
 // environment of any process shows it.
 const tokenStdinFlag = "rdzv-token-stdin"
+
+// nodeHostsStdinFlag makes an agent read --node-hosts from its stdin, the
+// line after the secret's: the head's list of every host is too long for
+// a command line at thousands of hosts.
+const nodeHostsStdinFlag = "node-hosts-stdin"
+
+// maxNodeHostsLine bounds the host list's line: 1M hosts of 16 bytes.
+const maxNodeHostsLine = 16 << 20
+
+// readNodeHosts reads the head's comma-separated host list from stdin.
+func readNodeHosts(stdin *bufio.Reader) ([]string, error) {
+	line, err := readLine(stdin, maxNodeHostsLine)
+	if err != nil {
+		return nil, fmt.Errorf("read the job's host list from stdin: %w", err)
+	}
+	if line == "" {
+		return nil, errors.New("read the job's host list from stdin: an empty line")
+	}
+	return strings.Split(line, ","), nil
+}
 
 // secretSource says where an agent's secret comes from: the head's line
 // on stdin first, then --rdzv-conf token_file, then $GORUN_RDZV_TOKEN;
@@ -97,7 +118,8 @@ func readTokenFile(path string) ([]byte, error) {
 }
 
 // readLine reads up to '\n' one byte at a time, so that nothing after the
-// line is taken from r: the rest of stdin is the head's EOF signal.
+// line is taken from r: the rest of stdin is the head's EOF signal (the
+// agent's own stdin is buffered once, by the caller).
 func readLine(r io.Reader, max int) (string, error) {
 	var line bytes.Buffer
 	var b [1]byte
@@ -111,7 +133,7 @@ func readLine(r io.Reader, max int) (string, error) {
 			continue
 		}
 		if err == io.EOF {
-			return "", errors.New("stdin closed before the secret's line")
+			return "", errors.New("stdin closed before the line's end")
 		}
 		if err != nil {
 			return "", err
