@@ -253,8 +253,15 @@ func TestSignalDuringExitBarrier(t *testing.T) {
 	slow := script(t, dir, "slow.sh", `while [ ! -e "`+release+`" ]; do sleep 0.05; done; echo slow done`+"\n")
 	port := freePort(t)
 	node0 := startAgent(t, staticJob(port, 2, 0, slow)...)
-	node1 := startAgent(t, staticJob(port, 2, 1, "--log-level", "debug", "true")...)
-	node1.awaitOutput(t, "worker exited")
+	node1 := startAgent(t, staticJob(port, 2, 1, "true")...)
+	// The store counts node 1 in torchrun's exit barrier (under the
+	// default run id): it is waiting there for node 0.
+	arrived := "none/torchelastic/agent/terminal_state/num_members"
+	if !waitFor(60*time.Second, func() bool {
+		return storeCounter(t, port, arrived, true) == 1 && storeCounter(t, port, arrived, false) == 1
+	}) {
+		t.Fatalf("node 1 never arrived at the exit barrier:\n%s", node1.out.String())
+	}
 	node1.stopWithin(t, syscall.SIGTERM, stopBound)
 	if err := os.WriteFile(release, nil, 0o644); err != nil {
 		t.Fatal(err)
