@@ -21,12 +21,18 @@ import (
 const threadCPUsEnv = "GORUN_TEST_THREAD_CPUS"
 
 func printThreadCPUs() int {
-	// Threads beyond the runtime's own: goroutines blocked in system calls.
+	// Threads beyond the runtime's own: goroutines blocked in system calls,
+	// each holding its thread, which the poll below waits to see.
 	for range 3 {
 		go func() { time.Sleep(time.Minute) }()
 		go unix.Nanosleep(&unix.Timespec{Sec: 60}, nil)
 	}
-	time.Sleep(50 * time.Millisecond)
+	for deadline := time.Now().Add(10 * time.Second); threadsIn(unix.SYS_NANOSLEEP) < 3; time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			fmt.Fprintln(os.Stderr, "the three threads never blocked in nanosleep")
+			return 1
+		}
+	}
 	lists, err := threadCPULists(os.Getpid())
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
@@ -36,6 +42,19 @@ func printThreadCPUs() int {
 		fmt.Println("threadcpus", l)
 	}
 	return 0
+}
+
+// threadsIn counts this process's threads blocked in system call nr.
+func threadsIn(nr int) int {
+	paths, _ := filepath.Glob("/proc/self/task/*/syscall")
+	n := 0
+	for _, p := range paths {
+		b, err := os.ReadFile(p)
+		if err == nil && strings.HasPrefix(string(b), strconv.Itoa(nr)+" ") {
+			n++
+		}
+	}
+	return n
 }
 
 var cpusAllowed = regexp.MustCompile(`(?m)^Cpus_allowed_list:\s*(\S+)$`)

@@ -9,6 +9,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"testing/synctest"
 	"time"
 )
 
@@ -49,7 +50,11 @@ func TestClientDialNamesAddress(t *testing.T) {
 }
 
 // TestClientDialRetries: Dial keeps trying until the server is up, as
-// workers do while the launcher starts its store.
+// workers do while the launcher starts its store. Dial runs in a synctest
+// bubble, so the 50 ms before the server comes are on its fake clock:
+// they pass only while Dial waits between attempts, after at least three
+// refused ones (at 0, 10 and 30 ms). The server lives outside the bubble,
+// and the clock stands still until it listens.
 func TestClientDialRetries(t *testing.T) {
 	// Another process may take the freed port meanwhile; a few tries with
 	// fresh ports make that race harmless.
@@ -58,31 +63,42 @@ func TestClientDialRetries(t *testing.T) {
 		mustDo(t, err)
 		addr := l.Addr().String()
 		l.Close()
-		dialed := make(chan error, 1)
-		ctx, cancel := context.WithTimeout(context.Background(), testTimeout)
+		listen, listening := make(chan struct{}), make(chan error)
+		srv := NewServer(ServerOptions{})
 		go func() {
-			c, err := Dial(ctx, addr, ClientOptions{})
+			<-listen
+			l, err := net.Listen("tcp", addr)
+			listening <- err
 			if err == nil {
-				c.Close()
+				srv.Serve(l)
 			}
-			dialed <- err
 		}()
-		time.Sleep(50 * time.Millisecond) // let a few attempts fail
-		l, err = net.Listen("tcp", addr)
-		if err != nil {
-			cancel()
-			<-dialed
+		var dialErr, listenErr error
+		synctest.Test(t, func(t *testing.T) {
+			dialed := make(chan error, 1)
+			go func() {
+				c, err := Dial(context.Background(), addr, ClientOptions{Timeout: time.Minute})
+				if err == nil {
+					c.Close()
+				}
+				dialed <- err
+			}()
+			time.Sleep(50 * time.Millisecond)
+			listen <- struct{}{}
+			if listenErr = <-listening; listenErr == nil {
+				dialErr = <-dialed
+			} else {
+				<-dialed // Dial gives up at its timeout, in an instant
+			}
+		})
+		srv.Close()
+		if listenErr != nil {
 			continue
 		}
-		srv := NewServer(ServerOptions{})
-		go srv.Serve(l)
-		err = <-dialed
-		srv.Close()
-		cancel()
-		mustDo(t, err)
+		mustDo(t, dialErr)
 		return
 	}
-	t.Fatal("no free port stayed free for 50 ms in 5 tries")
+	t.Fatal("no free port stayed free in 5 tries")
 }
 
 func TestClientTimeoutsNameKeys(t *testing.T) {

@@ -300,23 +300,38 @@ func TestServerWaitWakeUps(t *testing.T) {
 		writer.send(set113("/k", "v"))
 		waiter.expect(u8(stopWaiting)) // the stray byte torch 1.13 leaves
 	})
-	t.Run("v2: cancel_wait after the key appeared sends 00 then 01", func(t *testing.T) {
+	// A wait whose key appeared but whose STOP_WAITING is not out yet
+	// when CANCEL_WAIT comes: torch's client accepts 00 then 01 in either
+	// order of the two writers, and nothing more.
+	t.Run("v2: cancel_wait before the fired wait's flush sends 00 then 01", func(t *testing.T) {
 		srv, addr, _ := startServer(t, ServerOptions{})
 		c := dialV2(t, addr)
 		c.send(waitV2("/k"))
 		waitPending(t, srv.table, 1)
-		// Hold the connection's writer so that the STOP_WAITING cannot go
-		// out before CANCEL_WAIT is handled: the race torch's client
-		// accepts as 00 then 01.
+		// Pretend a flusher runs: the fired wait then stays queued, and
+		// CANCEL_WAIT is handled before any flusher could answer it.
 		conn := onlyConn(t, srv)
-		conn.wmu.Lock()
+		conn.fmu.Lock()
+		conn.flushing = true
+		conn.fmu.Unlock()
 		_ = srv.table.set(local, "/k", nil)
 		c.send(cancelWaitV2())
-		// Let the reader reach cancelWaits and block there too. Whichever
-		// goroutine then wins the writer, the reply must be 00 then 01.
-		time.Sleep(20 * time.Millisecond)
-		conn.wmu.Unlock()
 		c.expect(u8(stopWaiting), u8(waitCanceled))
+		// The late flusher finds the wait answered and sends nothing.
+		srv.wg.Add(1)
+		conn.flushFired()
+		c.send(pingV2(7))
+		c.expect(u32(7))
+	})
+	t.Run("v2: cancel_wait after the fired wait's flush sends 01", func(t *testing.T) {
+		srv, addr, _ := startServer(t, ServerOptions{})
+		c := dialV2(t, addr)
+		c.send(waitV2("/k"))
+		waitPending(t, srv.table, 1)
+		_ = srv.table.set(local, "/k", nil)
+		c.expect(u8(stopWaiting))
+		c.send(cancelWaitV2())
+		c.expect(u8(waitCanceled))
 		c.send(pingV2(7))
 		c.expect(u32(7))
 	})

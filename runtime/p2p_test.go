@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"strings"
 	"testing"
-	"time"
 )
 
 func TestSendRecv(t *testing.T) {
@@ -136,12 +135,17 @@ func TestPointToPointValidation(t *testing.T) {
 // A message sent is delivered even when its sender closes at once, before
 // the receiver asks for it, as over any socket.
 func TestSendThenCloseIsDelivered(t *testing.T) {
+	closed := make(chan struct{})
 	onTCPRanks(t, 2, func(pg *ProcessGroup) error {
 		ctx := t.Context()
 		if pg.Rank() == 0 {
-			return pg.Send(ctx, Of([]int64{42}), 1, 0) // then runRanks closes pg
+			defer close(closed)
+			if err := pg.Send(ctx, Of([]int64{42}), 1, 0); err != nil {
+				return err
+			}
+			return pg.Close()
 		}
-		time.Sleep(300 * time.Millisecond)
+		<-closed
 		got := []int64{0}
 		if _, err := pg.Recv(ctx, Of(got), 0, 0); err != nil {
 			return err

@@ -223,7 +223,7 @@ func TestElasticFailsBelowMinimumNodes(t *testing.T) {
 	args := []string{"--nnodes", "2", "--nproc-per-node", "1", "--rdzv-backend", "c10d", "--rdzv-endpoint", "127.0.0.1:" + port, "--rdzv-id", "min",
 		"--rdzv-conf", "heartbeat_interval=0.2,heartbeat_misses=2,join_timeout=2", "sleep", "30"}
 	host := startAgent(t, args...)
-	time.Sleep(200 * time.Millisecond) // the store's host first
+	awaitArrivals(t, "127.0.0.1:"+port, "min", 1) // the first up hosts the store
 	other := startAgent(t, args...)
 	if !waitFor(30*time.Second, func() bool { return strings.Contains(other.out.String(), "started 1 workers") }) {
 		t.Fatalf("the job did not start:\n%s\n%s", host.out.String(), other.out.String())

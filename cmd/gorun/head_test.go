@@ -1,7 +1,6 @@
 package main
 
 import (
-	"context"
 	"io"
 	"os"
 	"path/filepath"
@@ -9,7 +8,7 @@ import (
 	"strings"
 	"syscall"
 	"testing"
-	"time"
+	"testing/synctest"
 
 	"github.com/rs/zerolog"
 )
@@ -42,49 +41,53 @@ func TestForwardedEnv(t *testing.T) {
 }
 
 // EOF on stdin and the head's SIGTERM are one stop request, not two.
+// In a synctest bubble, recv sees what stopOnStdinEOF has sent once its
+// goroutines are blocked: a signal not there then never comes.
 func TestStopOnStdinEOF(t *testing.T) {
-	recv := func(ch <-chan os.Signal) os.Signal {
-		select {
-		case s := <-ch:
-			return s
-		case <-time.After(50 * time.Millisecond):
-			return nil
+	synctest.Test(t, func(t *testing.T) {
+		recv := func(ch <-chan os.Signal) os.Signal {
+			synctest.Wait()
+			select {
+			case s := <-ch:
+				return s
+			default:
+				return nil
+			}
 		}
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
+		ctx := t.Context()
 
-	// EOF first: SIGTERM once; the head's SIGTERM after it is dropped, a
-	// further signal passes.
-	r, w := io.Pipe()
-	in := make(chan os.Signal, 4)
-	out := stopOnStdinEOF(ctx, r, in, zerolog.Nop())
-	if s := recv(out); s != nil {
-		t.Fatalf("got %v before EOF", s)
-	}
-	w.Close()
-	if s := recv(out); s != syscall.SIGTERM {
-		t.Fatalf("got %v after EOF, want SIGTERM", s)
-	}
-	in <- syscall.SIGTERM
-	if s := recv(out); s != nil {
-		t.Fatalf("the head's SIGTERM passed: %v", s)
-	}
-	in <- syscall.SIGINT
-	if s := recv(out); s != syscall.SIGINT {
-		t.Fatalf("got %v, want SIGINT", s)
-	}
+		// EOF first: SIGTERM once; the head's SIGTERM after it is dropped, a
+		// further signal passes.
+		r, w := io.Pipe()
+		in := make(chan os.Signal, 4)
+		out := stopOnStdinEOF(ctx, r, in, zerolog.Nop())
+		if s := recv(out); s != nil {
+			t.Fatalf("got %v before EOF", s)
+		}
+		w.Close()
+		if s := recv(out); s != syscall.SIGTERM {
+			t.Fatalf("got %v after EOF, want SIGTERM", s)
+		}
+		in <- syscall.SIGTERM
+		if s := recv(out); s != nil {
+			t.Fatalf("the head's SIGTERM passed: %v", s)
+		}
+		in <- syscall.SIGINT
+		if s := recv(out); s != syscall.SIGINT {
+			t.Fatalf("got %v, want SIGINT", s)
+		}
 
-	// A signal first: EOF adds nothing.
-	r, w = io.Pipe()
-	in = make(chan os.Signal, 4)
-	out = stopOnStdinEOF(ctx, r, in, zerolog.Nop())
-	in <- syscall.SIGTERM
-	if s := recv(out); s != syscall.SIGTERM {
-		t.Fatalf("got %v, want SIGTERM", s)
-	}
-	w.Close()
-	if s := recv(out); s != nil {
-		t.Fatalf("EOF after a signal passed %v", s)
-	}
+		// A signal first: EOF adds nothing.
+		r, w = io.Pipe()
+		in = make(chan os.Signal, 4)
+		out = stopOnStdinEOF(ctx, r, in, zerolog.Nop())
+		in <- syscall.SIGTERM
+		if s := recv(out); s != syscall.SIGTERM {
+			t.Fatalf("got %v, want SIGTERM", s)
+		}
+		w.Close()
+		if s := recv(out); s != nil {
+			t.Fatalf("EOF after a signal passed %v", s)
+		}
+	})
 }

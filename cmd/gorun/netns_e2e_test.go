@@ -116,7 +116,8 @@ func TestElasticNetworkPartition(t *testing.T) {
 	// this machine's shared memory.
 	t.Setenv("GORUN_TRANSPORT", "tcp")
 	agents := []*agent{startAgentOn(t, h, 1, args...)}
-	time.Sleep(200 * time.Millisecond) // the store's host comes up first
+	// The store's host arrives first: it is node 0, whose output tells.
+	awaitArrivals(t, h.addr(1)+":29400", "partition", 1)
 	agents = append(agents, startAgentOn(t, h, 2, args...), startAgentOn(t, h, 3, args...))
 	if !waitFor(60*time.Second, func() bool { return strings.Contains(agents[0].out.String(), "world 3 restart 0") }) {
 		t.Fatalf("no round of 3 hosts:\n%s\n%s\n%s", agents[0].out.String(), agents[1].out.String(), agents[2].out.String())

@@ -150,6 +150,32 @@ func storeCounter(t *testing.T, port int, key string, exists bool) int64 {
 	return n
 }
 
+// awaitArrivals waits until n nodes have arrived in round 0 of the c10d
+// rendezvous id, whose store listens at addr ("host:port"): a node that
+// must come first has then come first, and hosts the store if it can.
+func awaitArrivals(t *testing.T, addr, id string, n int64) {
+	t.Helper()
+	key := "rdzv/" + id + "/round/0/arrivals"
+	arrived := func() (int64, error) {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		defer cancel()
+		c, err := rendezvous.Dial(ctx, addr, rendezvous.ClientOptions{})
+		if err != nil {
+			return 0, err
+		}
+		defer c.Close()
+		if ok, err := c.Check(ctx, []string{key}); err != nil || !ok {
+			return 0, err
+		}
+		return c.Add(ctx, key, 0)
+	}
+	var got int64
+	var err error
+	if !waitFor(60*time.Second, func() bool { got, err = arrived(); return err == nil && got >= n }) {
+		t.Fatalf("%d of %d nodes arrived in round 0 of %s at %s: %v", got, n, id, addr, err)
+	}
+}
+
 // endpointPort is the port of --rdzv-endpoint in args.
 func endpointPort(t *testing.T, args []string) int {
 	for i, a := range args {
@@ -227,8 +253,15 @@ func TestSignalDuringExitBarrier(t *testing.T) {
 	slow := script(t, dir, "slow.sh", `while [ ! -e "`+release+`" ]; do sleep 0.05; done; echo slow done`+"\n")
 	port := freePort(t)
 	node0 := startAgent(t, staticJob(port, 2, 0, slow)...)
-	node1 := startAgent(t, staticJob(port, 2, 1, "--log-level", "debug", "true")...)
-	node1.awaitOutput(t, "worker exited")
+	node1 := startAgent(t, staticJob(port, 2, 1, "true")...)
+	// The store counts node 1 in torchrun's exit barrier (under the
+	// default run id): it is waiting there for node 0.
+	arrived := "none/torchelastic/agent/terminal_state/num_members"
+	if !waitFor(60*time.Second, func() bool {
+		return storeCounter(t, port, arrived, true) == 1 && storeCounter(t, port, arrived, false) == 1
+	}) {
+		t.Fatalf("node 1 never arrived at the exit barrier:\n%s", node1.out.String())
+	}
 	node1.stopWithin(t, syscall.SIGTERM, stopBound)
 	if err := os.WriteFile(release, nil, 0o644); err != nil {
 		t.Fatal(err)

@@ -41,6 +41,36 @@ func newSSHCluster(t *testing.T) *sshCluster {
 	return c
 }
 
+// commandSessions counts the commands the cluster's servers have started
+// (sshd logs each "Starting session: command ...").
+func (c *sshCluster) commandSessions(t *testing.T) int {
+	t.Helper()
+	n := 0
+	for _, s := range c.servers {
+		n += strings.Count(sshtest.ReadFile(t, s.Log), "Starting session: command")
+	}
+	return n
+}
+
+// awaitNoSessions waits until no server of the cluster serves a
+// connection any more: what the servers were asked to do is done.
+func (c *sshCluster) awaitNoSessions(t *testing.T) {
+	t.Helper()
+	if !waitFor(30*time.Second, func() bool {
+		for _, s := range c.servers {
+			if len(s.SessionPids()) > 0 {
+				return false
+			}
+		}
+		return true
+	}) {
+		for _, s := range c.servers {
+			t.Logf("sshd %s still serves processes %v", s.Addr, s.SessionPids())
+		}
+		t.Fatal("the servers still serve connections 30 s after the head exited")
+	}
+}
+
 // head is a gorun head started in dir, in the background.
 func startHead(t *testing.T, dir string, args ...string) *agent {
 	t.Helper()
@@ -91,6 +121,9 @@ func TestSSHLaunch(t *testing.T) {
 		h := startHead(t, dir, c.headArgs(t, "--hosts", "127.0.0.1:2,127.0.0.2:2", "-x", "GORUN_X=a,b", "--bind-to", "core", worker)...)
 		if code := h.wait(t, 90*time.Second); code != 0 {
 			t.Fatalf("head exited %d:\n%s", code, h.out.String())
+		}
+		if c.commandSessions(t) == 0 {
+			t.Errorf("the servers logged no command: commandSessions cannot see the commands a head starts")
 		}
 		out := h.out.String()
 		line := regexp.MustCompile(`(?m)^\[[^:\]]+:(\d)\]: rank (\d) world 4 group (\d) node (127\.0\.0\.[12]) x a,b file from file cpus (\S+) pwd (.*)$`)
@@ -148,13 +181,21 @@ func TestSSHLaunch(t *testing.T) {
 		knownHosts := filepath.Join(dir, "known_hosts")
 		sshtest.WriteFile(t, knownHosts, strings.Join(known, ""))
 		worker := script(t, dir, "worker.sh", `touch "$0.started"; sleep 5`+"\n")
+		sessionsBefore := c.commandSessions(t)
 		h := startHead(t, dir, c.headArgs(t, "--hosts", "127.0.0.1:2,127.0.0.2:2", "--ssh-known-hosts", knownHosts, worker)...)
 		code := h.wait(t, 30*time.Second)
 		out := h.out.String()
 		if code != exitUnavailable || !strings.Contains(out, "cannot reach host 127.0.0.2") || !strings.Contains(out, "unknown host key") {
 			t.Fatalf("want exit %d naming 127.0.0.2 and its unknown key, got %d:\n%s", exitUnavailable, code, out)
 		}
-		time.Sleep(500 * time.Millisecond)
+		// Once the servers have ended every connection the head made, no
+		// command it asked for can start any more: each would have been
+		// logged by then. None may have been: no host runs anything until
+		// every host is reached.
+		c.awaitNoSessions(t)
+		if got := c.commandSessions(t); got != sessionsBefore {
+			t.Errorf("the servers ran %d commands for a head that reached only one host", got-sessionsBefore)
+		}
 		if _, err := os.Stat(worker + ".started"); err == nil {
 			t.Errorf("a worker started")
 		}

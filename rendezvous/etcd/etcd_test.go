@@ -169,14 +169,18 @@ func TestBudgetSpent(t *testing.T) {
 		t.Fatalf("Fail = %v, %v; want the job failed", restart, err)
 	}
 	end0()
-	// hs[1] still weighs: AwaitReports waits for it, then its report.
+	// hs[1] still weighs: AwaitReports waits for it, out to its timeout...
+	const grace = 300 * time.Millisecond
+	start := time.Now()
+	if err := hs[0].AwaitReports(ctx, grace); err != nil {
+		t.Fatal(err)
+	}
+	if waited := time.Since(start); waited < grace {
+		t.Fatalf("AwaitReports returned after %v while a node weighs, before its timeout of %v", waited, grace)
+	}
+	// ...or until its report.
 	reported := make(chan error, 1)
 	go func() { reported <- hs[0].AwaitReports(ctx, 10*time.Second) }()
-	select {
-	case err := <-reported:
-		t.Fatalf("AwaitReports returned (%v) while a node weighs", err)
-	case <-time.After(300 * time.Millisecond):
-	}
 	hs[1].Fail(ctx, []byte(`{"rank":3}`))
 	end()
 	if err := <-reported; err != nil {
