@@ -199,7 +199,9 @@ func TestServeClosedListener(t *testing.T) {
 		t.Fatal(err)
 	}
 	served := make(chan error, 1)
-	go func() { served <- Serve(ln, make(chan struct{}), zerolog.Nop(), func(c net.Conn) bool { c.Close(); return true }) }()
+	go func() {
+		served <- Serve(ln, make(chan struct{}), zerolog.Nop(), func(c net.Conn) bool { c.Close(); return true })
+	}()
 	c, err := net.Dial("tcp", ln.Addr().String())
 	if err != nil {
 		t.Fatal(err)
