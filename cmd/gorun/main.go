@@ -55,7 +55,7 @@ func (e usageError) Error() string { return e.err.Error() }
 func (e usageError) Unwrap() error { return e.err }
 
 func main() {
-	if launcher.MaybeRunKeeper() {
+	if launcher.MaybeRunKeeper(os.LookupEnv) {
 		return
 	}
 	os.Exit(run(os.Args, os.Stdout, os.Stderr))
