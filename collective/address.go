@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"net"
 	"os"
+
+	"github.com/gorun/gorun/internal/route"
 )
 
 // listenHost picks the address a rank listens on and advertises, the
@@ -25,12 +27,8 @@ func listenHost(ctx context.Context, opts TCPOptions) (string, error) {
 		return interfaceAddr(opts.Ifname)
 	}
 	if opts.StoreAddr != "" {
-		var d net.Dialer
-		// Connecting a UDP socket sends nothing; it only picks the route.
-		if c, err := d.DialContext(ctx, "udp", opts.StoreAddr); err == nil {
-			ip := c.LocalAddr().(*net.UDPAddr).IP
-			c.Close()
-			return ip.String(), nil
+		if ip, err := route.SourceAddr(ctx, opts.StoreAddr); err == nil {
+			return ip, nil
 		}
 	}
 	if name, err := os.Hostname(); err == nil {

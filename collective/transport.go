@@ -18,6 +18,7 @@ import (
 	"github.com/rs/zerolog"
 	"golang.org/x/sys/unix"
 
+	"github.com/gorun/gorun/internal/acceptloop"
 	"github.com/gorun/gorun/rendezvous"
 )
 
@@ -241,41 +242,26 @@ func newTransport(ctx context.Context, store rendezvous.Store, rank, size int, h
 	return t, nil
 }
 
-// accept serves incoming connections until the listener is closed,
-// pausing 5 ms doubling to 1 s after errors other than that, as net/http
-// does.
+// accept serves incoming connections until the transport closes
+// (acceptloop, which rides out EMFILE and the like).
 func (t *transport) accept(ln net.Listener) {
 	defer t.wg.Done()
-	var pause time.Duration
-	for {
-		c, err := ln.Accept()
-		if err != nil {
-			select {
-			case <-t.done:
-				return
-			default:
-			}
-			pause = min(max(2*pause, 5*time.Millisecond), time.Second)
-			t.log.Warn().Err(err).Dur("retry_in", pause).Msg("accept failed")
-			select {
-			case <-time.After(pause):
-			case <-t.done:
-				return
-			}
-			continue
-		}
-		pause = 0
-		t.mu.Lock()
-		if t.closed {
-			t.mu.Unlock()
-			c.Close()
-			return
-		}
-		t.handshak[c] = true
-		t.wg.Add(1)
-		t.mu.Unlock()
-		go t.serve(c)
+	acceptloop.Serve(ln, t.done, t.log, t.admit)
+}
+
+// admit starts serving an accepted connection, unless the transport has
+// closed.
+func (t *transport) admit(c net.Conn) bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.closed {
+		c.Close()
+		return false
 	}
+	t.handshak[c] = true
+	t.wg.Add(1)
+	go t.serve(c)
+	return true
 }
 
 // serve reads the hello of an accepted connection, then its frames until

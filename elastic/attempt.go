@@ -14,6 +14,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/gorun/gorun/internal/shmname"
+	"github.com/gorun/gorun/internal/workerenv"
 	"github.com/gorun/gorun/launcher"
 )
 
@@ -145,14 +146,14 @@ func (a *Agent) startAttempt(rk ranks, restart, number int, master workerEndpoin
 				return nil, err
 			}
 			att.progress = append(att.progress, p)
-			env.Extra[progressFileEnv] = p.path
+			env.Extra[workerenv.ProgressFile] = p.path
 		}
 		if dir := a.board.stacksDir; dir != "" && !s.Python {
 			sock := stacksSocket(dir, os.Getpid(), lr)
 			socketCloser(sock).Close() // left by a worker that was killed
 			att.stacks[slot] = sock
 			att.closers = append(att.closers, socketCloser(sock))
-			env.Extra[stacksSocketEnv] = sock
+			env.Extra[workerenv.StacksSocket] = sock
 		}
 		if err := env.Validate(); err != nil {
 			att.closeOutput()

@@ -19,10 +19,10 @@ import (
 )
 
 // Hang detection (--hang-timeout). Every worker gets a progress file in
-// its log folder, named by GORUN_PROGRESS_FILE: an 8-byte counter, in the
-// host's byte order, that the runtime advances once when Init has joined
-// the job and once per operation (collective, point-to-point message,
-// monitored barrier) that completes. The agent reads the counters
+// its log folder, named by GORUN_PROGRESS_FILE (workerenv.ProgressFile):
+// an 8-byte counter, in the host's byte order, that the runtime advances
+// once when Init has joined the job and once per operation (collective,
+// point-to-point message, monitored barrier) that completes. The agent reads the counters
 // periodically. A worker whose counter has moved at least once and then
 // stood still for the hang timeout is stuck, and a stuck worker means the
 // group hangs. A counter that never moves arms nothing: programs that do
@@ -41,10 +41,6 @@ import (
 // failure path follows: a restart while the budget lasts, else the
 // report.
 const (
-	// progressFileEnv names the progress file in the worker's
-	// environment; the runtime's ProgressFileEnv, which this side of the
-	// module does not import.
-	progressFileEnv = "GORUN_PROGRESS_FILE"
 	// progressFileName is the counter's file in a worker's log folder.
 	progressFileName = "progress"
 	// hangDumpWait bounds the wait for the stuck workers to dump their

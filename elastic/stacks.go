@@ -13,14 +13,12 @@ import (
 )
 
 // Stacks on demand. A Go worker's runtime, when its environment names a
-// socket (stacksSocketEnv, the runtime's StacksSocketEnv, which this side
-// of the module does not import), answers each connection to it with the
+// socket (workerenv.StacksSocket), answers each connection to it with the
 // stacks of all its goroutines and goes on running. The agent makes one
 // socket name per worker in its private status folder (a worker's log
 // folder may be too deep for a socket's 107 bytes), asks through it for
 // gorun status --stacks, and for the laggards' stacks of a hang analysis.
 const (
-	stacksSocketEnv = "GORUN_STACKS_SOCKET"
 	// stacksTimeout bounds one request for a worker's stacks.
 	stacksTimeout = 5 * time.Second
 	// maxStacks bounds the stacks read from one worker.

@@ -360,12 +360,10 @@ const (
 	keeperMarkEnv   = "GORUN_KEEPER_MARK"
 )
 
-// keeperJob takes the job's cgroup and mark out of the keeper's
-// environment.
-func keeperJob() (cgroup, mark string) {
-	cgroup, mark = os.Getenv(keeperCgroupEnv), os.Getenv(keeperMarkEnv)
-	os.Unsetenv(keeperCgroupEnv)
-	os.Unsetenv(keeperMarkEnv)
+// keeperJob reads the job's cgroup and mark in the keeper's environment.
+func keeperJob(lookupEnv func(string) (string, bool)) (cgroup, mark string) {
+	cgroup, _ = lookupEnv(keeperCgroupEnv)
+	mark, _ = lookupEnv(keeperMarkEnv)
 	return cgroup, mark
 }
 

@@ -103,9 +103,12 @@ type Fanout struct {
 	// Dialer reaches the hosts (nil = SSH with the settings of SSH).
 	Dialer Dialer
 	// Self, on a relay, is the agent of the relay's own host, which Local
-	// runs (nil = a child process of this one), beside the Agents.
-	Self  *RemoteAgent
-	Local Conn
+	// runs (nil = a child process of this one, its environment
+	// SelfEnviron, then Self.Env: a program passes os.Environ()), beside
+	// the Agents.
+	Self        *RemoteAgent
+	Local       Conn
+	SelfEnviron []string
 	// EventMarker, on a relay, starts the lines by which it tells the
 	// launcher above, on Stderr, that its subtree failed or lost a host
 	// (see relayEvents), so that the head's FailureGrace or stop starts
@@ -207,7 +210,7 @@ func (f *Fanout) Run(ctx context.Context) (code int, err error) {
 	if f.Self != nil {
 		local := f.Local
 		if local == nil {
-			local = newLocalConn(f.Self.Host, f.SSH.StopGrace)
+			local = newLocalConn(f.Self.Host, f.SSH.StopGrace, f.SelfEnviron)
 		}
 		conns = append(conns, local)
 	}

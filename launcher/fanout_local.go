@@ -4,8 +4,8 @@ import (
 	"context"
 	"errors"
 	"io"
-	"os"
 	"os/exec"
+	"slices"
 	"sync"
 	"syscall"
 	"time"
@@ -14,18 +14,19 @@ import (
 // localConn runs a relay's own agent as a child process: it is a Conn to
 // this machine, so that one Fanout loop handles it beside the remote ones.
 type localConn struct {
-	host  string
-	grace time.Duration
+	host    string
+	grace   time.Duration
+	environ []string // the child's environment before its own variables
 
 	mu    sync.Mutex
 	procs []*localProcess
 }
 
-func newLocalConn(host string, grace time.Duration) *localConn {
+func newLocalConn(host string, grace time.Duration, environ []string) *localConn {
 	if grace <= 0 {
 		grace = defaultSSHStopGrace
 	}
-	return &localConn{host: host, grace: grace}
+	return &localConn{host: host, grace: grace, environ: environ}
 }
 
 func (c *localConn) Host() string     { return c.host }
@@ -35,7 +36,7 @@ func (c *localConn) Output(context.Context, []string, string, io.Reader) ([]byte
 	return nil, errors.New("launcher: a relay runs no scripts on its own host")
 }
 
-// Start runs argv with env added to this process's environment. The child
+// Start runs argv with env added to the relay's environment. The child
 // leads a process group of its own: a relay is stopped by a signal to its
 // group (see SSHProcess.Signal), and its agent must hear of that once,
 // from the relay's stop, as EOF on stdin and SIGTERM; a second SIGTERM
@@ -43,7 +44,7 @@ func (c *localConn) Output(context.Context, []string, string, io.Reader) ([]byte
 func (c *localConn) Start(ctx context.Context, dir string, env, argv []string, stdin []byte, stdout, stderr io.Writer) (Process, error) {
 	cmd := exec.Command(argv[0], argv[1:]...)
 	cmd.Dir = dir
-	cmd.Env = append(os.Environ(), env...)
+	cmd.Env = append(slices.Clone(c.environ), env...)
 	cmd.Stdout, cmd.Stderr = stdout, stderr
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	// Workers that outlive the agent may hold its output open.

@@ -54,7 +54,8 @@ func StartKeeper(exe string, args ...string) (*Keeper, error) {
 	return startKeeper(exe, nil, args...)
 }
 
-// startKeeper starts the keeper with env added to its environment.
+// startKeeper starts the keeper with env, and the mark that makes it
+// one, as its whole environment: it needs nothing of the agent's.
 func startKeeper(exe string, env []string, args ...string) (*Keeper, error) {
 	r, w, err := os.Pipe()
 	if err != nil {
@@ -62,7 +63,7 @@ func startKeeper(exe string, env []string, args ...string) (*Keeper, error) {
 	}
 	defer r.Close()
 	cmd := exec.Command(exe, args...)
-	cmd.Env = append(append(withoutKey(os.Environ(), keeperEnv), env...), keeperEnv+"=1")
+	cmd.Env = append(slices.Clone(env), keeperEnv+"=1")
 	cmd.Stdin = r
 	cmd.Stderr = os.Stderr
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
@@ -139,17 +140,17 @@ func (k *Keeper) Close() error {
 }
 
 // MaybeRunKeeper runs the keeper and returns true when this process was
-// started by StartKeeper; main should then return at once. Otherwise it
-// returns false immediately.
-func MaybeRunKeeper() bool {
-	if os.Getenv(keeperEnv) != "1" {
+// started by StartKeeper, as its environment says (main passes
+// os.LookupEnv); main should then return at once. Otherwise it returns
+// false immediately.
+func MaybeRunKeeper(lookupEnv func(string) (string, bool)) bool {
+	if v, _ := lookupEnv(keeperEnv); v != "1" {
 		return false
 	}
-	os.Unsetenv(keeperEnv)
 	// The keeper must outlive the agent, whatever the terminal or a
 	// supervisor sends to everyone.
 	signal.Ignore(syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP, syscall.SIGQUIT)
-	cgroup, mark := keeperJob()
+	cgroup, mark := keeperJob(lookupEnv)
 	groups, dirs := keep(os.Stdin, os.Stderr)
 	for _, pgid := range groups {
 		// A recorded group still exists while any member lives, so its id

@@ -19,7 +19,7 @@ import (
 const fakeAgentEnv = "GORUN_TEST_FAKE_AGENT"
 
 func TestMain(m *testing.M) {
-	if MaybeRunKeeper() {
+	if MaybeRunKeeper(os.LookupEnv) {
 		os.Exit(0)
 	}
 	if os.Getenv(fakeAgentEnv) == "1" {

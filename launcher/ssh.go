@@ -69,6 +69,12 @@ type SSHConfig struct {
 	// AgentSocket is ssh-agent's socket ("" = ssh_config's IdentityAgent,
 	// then $SSH_AUTH_SOCK; "none" = use no agent).
 	AgentSocket string
+	// LookupEnv is the environment the defaults come from: HOME (else
+	// the user database's home directory) for ~ and the default files,
+	// USER when the user database has no entry for this process,
+	// SSH_AUTH_SOCK and the variable an IdentityAgent names. nil is an
+	// empty environment; a program passes os.LookupEnv.
+	LookupEnv func(string) (string, bool)
 	// ConnectTimeout bounds TCP connect plus SSH handshake and
 	// authentication, per hop (0 = ssh_config, then 30 s).
 	ConnectTimeout time.Duration

@@ -28,16 +28,24 @@ type sshDialer struct {
 	conf *sshconfig.Config // nil when none is read
 	home string            // "" when unknown
 	user string            // the local user
+	env  func(string) string
 	log  zerolog.Logger
 }
 
 func newSSHDialer(cfg SSHConfig) (*sshDialer, error) {
-	d := &sshDialer{cfg: cfg, log: cfg.Logger}
-	d.home, _ = os.UserHomeDir()
-	if u, err := user.Current(); err == nil {
+	d := &sshDialer{cfg: cfg, log: cfg.Logger, env: func(string) string { return "" }}
+	if cfg.LookupEnv != nil {
+		d.env = func(name string) string { v, _ := cfg.LookupEnv(name); return v }
+	}
+	u, userErr := user.Current()
+	d.home = d.env("HOME")
+	if d.home == "" && userErr == nil {
+		d.home = u.HomeDir
+	}
+	if userErr == nil {
 		d.user = u.Username
 	} else {
-		d.user = os.Getenv("USER")
+		d.user = d.env("USER")
 	}
 	path, must := cfg.ConfigFile, true
 	switch path {
@@ -181,10 +189,10 @@ func (d *sshDialer) resolve(host, jumpFor string) (*sshTarget, error) {
 		switch ia := d.get(alias, "IdentityAgent"); ia {
 		case "none":
 		case "", "SSH_AUTH_SOCK":
-			t.agentSocket = os.Getenv("SSH_AUTH_SOCK")
+			t.agentSocket = d.env("SSH_AUTH_SOCK")
 		default:
 			if strings.HasPrefix(ia, "$") {
-				t.agentSocket = os.Getenv(strings.Trim(ia[1:], "{}"))
+				t.agentSocket = d.env(strings.Trim(ia[1:], "{}"))
 			} else {
 				t.agentSocket = expand(ia)
 			}

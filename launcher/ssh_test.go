@@ -419,8 +419,6 @@ func TestSSHConfigFile(t *testing.T) {
 	target := e.StartSSHD(t, "127.0.0.2", "AllowTcpForwarding yes")
 	// Everything comes from the default places in $HOME.
 	home := t.TempDir()
-	t.Setenv("HOME", home)
-	t.Setenv("SSH_AUTH_SOCK", "")
 	if err := os.MkdirAll(filepath.Join(home, ".ssh", "keys"), 0o700); err != nil {
 		t.Fatal(err)
 	}
@@ -449,7 +447,9 @@ Host *
   IdentityFile ~/.ssh/keys/id
   ConnectTimeout 5
 `, jh, jp, th, tp))
-	cfg := SSHConfig{Logger: testLogger(t), ConnectTimeout: 5 * time.Second}
+	env := map[string]string{"HOME": home}
+	cfg := SSHConfig{Logger: testLogger(t), ConnectTimeout: 5 * time.Second,
+		LookupEnv: func(name string) (string, bool) { v, ok := env[name]; return v, ok }}
 
 	hostOf := func(c *SSHClient) string {
 		stdout, _, _ := run(t, c, "", nil, "/bin/sh", "-c", `echo "${SSH_CONNECTION#* * }"`)

@@ -158,15 +158,3 @@ func isLocalHost(host string) bool {
 	}
 	return false
 }
-
-// LocalAddrTowards returns the address of this machine that packets to
-// host leave from: the address peers on that network reach us by. No
-// packet is sent.
-func LocalAddrTowards(host string, port int) (string, error) {
-	c, err := net.Dial("udp", net.JoinHostPort(host, strconv.Itoa(port)))
-	if err != nil {
-		return "", fmt.Errorf("rendezvous: find the local address towards %s: %w", host, err)
-	}
-	defer c.Close()
-	return c.LocalAddr().(*net.UDPAddr).IP.String(), nil
-}

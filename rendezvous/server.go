@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"github.com/rs/zerolog"
+
+	"github.com/gorun/gorun/internal/acceptloop"
 )
 
 // ErrServerClosed is returned by Serve after Shutdown or Close.
@@ -136,36 +138,22 @@ func (s *Server) Addr() net.Addr {
 // Serve accepts connections on l and serves each in its own goroutine
 // until Shutdown or Close, then returns ErrServerClosed. Accept errors
 // other than a closed listener (EMFILE, ECONNABORTED, ...) are retried
-// after a pause doubling from 5 ms to 1 s, as net/http does. Serve closes
-// l on return.
+// after a pause doubling from 5 ms to 1 s, as net/http does
+// (acceptloop). Serve closes l on return.
 func (s *Server) Serve(l net.Listener) error {
 	if !s.trackListener(l) {
 		l.Close()
 		return ErrServerClosed
 	}
 	defer s.untrackListener(l)
-
-	var pause time.Duration
-	for {
-		nc, err := l.Accept()
-		if err != nil {
-			if s.shuttingDown() {
-				return ErrServerClosed
-			}
-			if errors.Is(err, net.ErrClosed) {
-				return err
-			}
-			pause = min(max(2*pause, 5*time.Millisecond), time.Second)
-			s.log.Warn().Err(err).Dur("retry_in", pause).Msg("accept failed")
-			select {
-			case <-time.After(pause):
-			case <-s.done:
-			}
-			continue
-		}
-		pause = 0
+	err := acceptloop.Serve(l, s.done, s.log, func(nc net.Conn) bool {
 		s.startConn(nc)
+		return true
+	})
+	if err == nil || s.shuttingDown() {
+		return ErrServerClosed
 	}
+	return err
 }
 
 func (s *Server) trackListener(l net.Listener) bool {

@@ -8,6 +8,8 @@ import (
 
 	"github.com/rs/zerolog"
 	"golang.org/x/sys/unix"
+
+	"github.com/gorun/gorun/internal/workerenv"
 )
 
 // ProgressFileEnv names the file through which the launcher watches the
@@ -18,7 +20,7 @@ import (
 // launcher that sees the count stand still for too long takes the worker
 // group for hung. After the counter, the file holds the flight recorder
 // (see flight.go): the worker's last operations.
-const ProgressFileEnv = "GORUN_PROGRESS_FILE"
+const ProgressFileEnv = workerenv.ProgressFile
 
 // progressSize is the counter's size in the file.
 const progressSize = 8

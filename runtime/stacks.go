@@ -7,6 +7,8 @@ import (
 	"time"
 
 	"github.com/rs/zerolog"
+
+	"github.com/gorun/gorun/internal/workerenv"
 )
 
 // StacksSocketEnv names a unix socket on which the runtime answers the
@@ -14,7 +16,7 @@ import (
 // the laggards' stacks of a hang analysis): each connection receives the
 // stacks of every goroutine, as a panic prints them, and is closed. The
 // worker keeps running: unlike SIGQUIT, asking stops nothing.
-const StacksSocketEnv = "GORUN_STACKS_SOCKET"
+const StacksSocketEnv = workerenv.StacksSocket
 
 // stacksWriteTimeout bounds the writing of one answer, so that a reader
 // that stops reading does not hold the answering goroutine.

@@ -15,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/gorun/gorun/internal/route"
 	"github.com/gorun/gorun/rendezvous"
 )
 
@@ -186,7 +187,7 @@ func TestAuthBadSecretsAreUsageErrors(t *testing.T) {
 
 // Without a secret, a store that listens beyond loopback says it is open.
 func TestAuthOpenStoreIsWarnedAbout(t *testing.T) {
-	host, err := rendezvous.LocalAddrTowards("192.0.2.1", 9)
+	host, err := route.SourceAddr(context.Background(), "192.0.2.1:9")
 	if err != nil || net.ParseIP(host).IsLoopback() {
 		if os.Getenv("CI") == "true" {
 			t.Fatalf("no address beyond loopback here (%v)", err)

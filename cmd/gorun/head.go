@@ -249,6 +249,7 @@ func planHead(c *cli.Context, spec elastic.Spec, secret string, log zerolog.Logg
 		ConfigFile:    c.String("ssh-config"),
 		KnownHosts:    c.String("ssh-known-hosts"),
 		AcceptNew:     c.Bool("ssh-accept-new"),
+		LookupEnv:     os.LookupEnv,
 		Logger:        log,
 	}
 	return &headPlan{fanout: launcher.Fanout{

@@ -25,6 +25,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/gorun/gorun/elastic"
+	"github.com/gorun/gorun/internal/route"
 	"github.com/gorun/gorun/launcher"
 	"github.com/gorun/gorun/rendezvous"
 	rendezvousetcd "github.com/gorun/gorun/rendezvous/etcd"
@@ -55,7 +56,7 @@ func (e usageError) Error() string { return e.err.Error() }
 func (e usageError) Unwrap() error { return e.err }
 
 func main() {
-	if launcher.MaybeRunKeeper() {
+	if launcher.MaybeRunKeeper(os.LookupEnv) {
 		return
 	}
 	os.Exit(run(os.Args, os.Stdout, os.Stderr))
@@ -364,7 +365,7 @@ func newDynamic(ctx context.Context, spec *elastic.Spec, log zerolog.Logger, met
 	}
 	addr := spec.LocalAddr
 	if addr == "" {
-		if addr, err = rendezvous.LocalAddrTowards(d.Host, d.Port); err != nil {
+		if addr, err = route.SourceAddr(ctx, net.JoinHostPort(d.Host, strconv.Itoa(d.Port))); err != nil {
 			ep.Close(0)
 			return nil, nil, err
 		}
@@ -414,10 +415,8 @@ func newEtcd(spec *elastic.Spec, log zerolog.Logger) (rendezvous.Handler, func(j
 	}
 	addr := spec.LocalAddr
 	if addr == "" {
-		host, portText, _ := net.SplitHostPort(e.Endpoints[0])
-		port, _ := strconv.Atoi(portText)
 		var err error
-		if addr, err = rendezvous.LocalAddrTowards(host, port); err != nil {
+		if addr, err = route.SourceAddr(context.Background(), e.Endpoints[0]); err != nil {
 			return nil, nil, err
 		}
 	}

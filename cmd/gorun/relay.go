@@ -33,7 +33,8 @@ func runRelay(ctx context.Context, stdin io.Reader, stdout, stderr io.Writer) (i
 	}
 	f := plan.Fanout()
 	f.Stdout, f.Stderr, f.Logger = stdout, stderr, log
-	f.SSH.Logger = log
+	f.SSH.Logger, f.SSH.LookupEnv = log, os.LookupEnv
+	f.SelfEnviron = os.Environ()
 	if plan.Stage {
 		self, err := os.Executable()
 		if err != nil {
