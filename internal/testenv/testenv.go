@@ -72,24 +72,22 @@ func CI() bool {
 // ("" when no package does, as for root).
 func MustHave(t testing.TB, err error, what, install string) {
 	t.Helper()
-	act(t, Decide(err != nil, CI(), true), err, what, install)
+	act(t, Decide(err != nil, CI(), true), Message(what, install, err))
 }
 
 // MayHave is MustHave for a component CI machines lack too (a GPU, its
 // driver): its absence skips the test, under CI=true as well.
 func MayHave(t testing.TB, err error, what, install string) {
 	t.Helper()
-	act(t, Decide(err != nil, CI(), false), err, what, install)
+	act(t, Decide(err != nil, CI(), false), Message(what, install, err)+" (optional, under CI=true too)")
 }
 
-// act carries out v, with a message naming what is missing and how to
-// install it.
-func act(t testing.TB, v Verdict, err error, what, install string) {
+// act carries out v; msg names what is missing and how to install it.
+func act(t testing.TB, v Verdict, msg string) {
 	t.Helper()
 	if v == Run {
 		return
 	}
-	msg := Message(what, install, err)
 	if v == Fail {
 		t.Fatalf("%s (CI=true: every component must be present)", msg)
 		return
