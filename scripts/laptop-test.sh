@@ -36,7 +36,9 @@ user=nobody
 uid=$(id -u "$user") gid=$(id -g "$user")
 go=$(command -v go) || { echo "laptop-test: no go in PATH" >&2; exit 2; }
 tmp=${TMPDIR:-/tmp}
-work=$(mktemp -d "$tmp/gorun-laptop-test.XXXXXX")
+# Short paths: a Unix socket's path holds 107 bytes, and the tests' own
+# temporary folders go below $work/t.
+work=$(mktemp -d "$tmp/glt.XXXXXX")
 # The module cache is bound below $work: unbind it before removing $work,
 # and never cross into another file system while removing.
 trap 'umount "$work/modcache" 2>/dev/null; rm -rf --one-file-system "$work"' EXIT
@@ -84,10 +86,10 @@ if /usr/bin/python3 -c 'import torch.distributed' 2>/dev/null; then
 fi
 
 # The user's side: the tree, a home, a temporary folder, the caches.
-mkdir -p "$work/src" "$work/home" "$work/tmp" "$work/gopath" "$work/modcache" "$tmp/gorun-laptop-test-gocache"
+mkdir -p "$work/src" "$work/home" "$work/t" "$work/gopath" "$work/modcache" "$tmp/gorun-laptop-test-gocache"
 git ls-files -z --cached --others --exclude-standard |
 	tar --null --ignore-failed-read -T - -cf - 2>/dev/null | tar -xf - -C "$work/src"
-chown -R "$uid:$gid" "$work/src" "$work/home" "$work/tmp" "$work/gopath" "$tmp/gorun-laptop-test-gocache"
+chown -R "$uid:$gid" "$work/src" "$work/home" "$work/t" "$work/gopath" "$tmp/gorun-laptop-test-gocache"
 mount --bind "$("$go" env GOMODCACHE)" "$work/modcache"
 mount -o remount,bind,ro "$work/modcache"
 
@@ -96,7 +98,7 @@ echo "go test ${args[*]} as $user (uid $uid), CI unset; the whole suite takes 10
 	cd "$work/src" &&
 		setpriv --reuid="$uid" --regid="$gid" --clear-groups --inh-caps=-all \
 			env -i PATH="$(dirname "$go"):/usr/local/bin:/usr/bin:/bin" HOME="$work/home" USER="$user" LANG=C.UTF-8 \
-			TMPDIR="$work/tmp" GOCACHE="$tmp/gorun-laptop-test-gocache" GOPATH="$work/gopath" GOMODCACHE="$work/modcache" \
+			TMPDIR="$work/t" GOCACHE="$tmp/gorun-laptop-test-gocache" GOPATH="$work/gopath" GOMODCACHE="$work/modcache" \
 			GOFLAGS="-mod=readonly -buildvcs=false" GOPROXY=off GOSUMDB=off GOTOOLCHAIN=local \
 			"$go" test -json -p 1 -count=1 -timeout 30m "${args[@]}"
 ) >"$log" 2>&1

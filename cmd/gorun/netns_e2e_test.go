@@ -26,8 +26,8 @@ type hosts struct {
 // under CI=true.
 func newHosts(t *testing.T, n int) *hosts {
 	t.Helper()
-	testenv.MustHaveRoot(t, "network namespaces")
 	testenv.MustHaveCommand(t, "ip", "iproute2")
+	testenv.MustHaveRoot(t, "network namespaces")
 	h := &hosts{t: t, bridge: "gorunt-br0", subnet: "10.231.0"}
 	for i := 1; i <= n; i++ {
 		h.names = append(h.names, fmt.Sprintf("gorunt-n%d", i))

@@ -136,13 +136,13 @@ func Start(t testing.TB, opts Options) *Cluster {
 // or fails under CI=true.
 func Need(t testing.TB) map[string]string {
 	t.Helper()
-	// Every node is a slurmd in mount and UTS namespaces of its own, with
-	// its own hostname and /etc/hosts.
-	testenv.MustHaveRoot(t, "a local Slurm cluster")
 	found := map[string]string{}
 	for _, name := range programs {
 		found[name] = testenv.MustHaveCommand(t, name, Packages)
 	}
+	// Every node is a slurmd in mount and UTS namespaces of its own, with
+	// its own hostname and /etc/hosts.
+	testenv.MustHaveRoot(t, "a local Slurm cluster")
 	return found
 }
 

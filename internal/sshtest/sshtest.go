@@ -39,11 +39,12 @@ type Env struct {
 // except in CI (CI=true), where they must be (testenv's rule).
 func NewEnv(t testing.TB) *Env {
 	t.Helper()
-	testenv.MustHaveRoot(t, "sshd servers")
+	// The programs first: without them, root alone would not do.
 	testenv.MustHaveCommand(t, SSHDPath, "openssh-server")
 	for _, tool := range []string{"ssh", "ssh-keygen", "ssh-agent", "ssh-add"} {
 		testenv.MustHaveCommand(t, tool, "openssh-client")
 	}
+	testenv.MustHaveRoot(t, "sshd servers")
 	// sshd's privilege separation needs this empty directory.
 	if out, err := exec.Command("install", "-d", "-m", "0755", "-o", "root", "-g", "root", "/run/sshd").CombinedOutput(); err != nil {
 		t.Fatalf("install -d /run/sshd: %v: %s", err, out)
