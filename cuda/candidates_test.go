@@ -11,6 +11,8 @@ import (
 	"slices"
 	"strings"
 	"testing"
+
+	"github.com/gorun/gorun/internal/testenv"
 )
 
 // candidateSearch is a Search whose environment is env, whose loader
@@ -253,9 +255,8 @@ func TestParseLoaderCache(t *testing.T) {
 }
 
 func TestLoaderCacheOfThisMachine(t *testing.T) {
-	if _, err := findLdconfig(); err != nil {
-		t.Fatalf("%v (install the Debian package libc-bin)", err)
-	}
+	_, err := findLdconfig()
+	testenv.MustHave(t, err, "ldconfig", "libc-bin")
 	cache, err := ldconfigCache(context.Background())
 	if err != nil {
 		t.Fatal(err)

@@ -4,11 +4,12 @@ import (
 	"context"
 	"errors"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
+
+	"github.com/gorun/gorun/internal/testenv"
 )
 
 // wheel lays out a site-packages folder holding lib as NVIDIA's NCCL
@@ -244,9 +245,7 @@ func TestSitePackagesParsesPythonsAnswer(t *testing.T) {
 }
 
 func TestSitePackagesOfTheRealPython(t *testing.T) {
-	if _, err := exec.LookPath("python3"); err != nil {
-		t.Fatalf("no python3 on PATH (install the Debian package python3): %v", err)
-	}
+	testenv.MustHaveCommand(t, "python3", "python3")
 	dirs, err := Search{}.sitePackages(context.Background())
 	if err != nil {
 		t.Fatal(err)

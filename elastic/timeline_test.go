@@ -7,13 +7,13 @@ import (
 	"fmt"
 	"image/png"
 	"io"
-	"os"
 	"os/exec"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
 
+	"github.com/gorun/gorun/internal/testenv"
 	"github.com/gorun/gorun/launcher"
 )
 
@@ -203,13 +203,7 @@ func TestTickStep(t *testing.T) {
 // TestTimelineDrawsAHang draws a hang with rsvg-convert and finds its
 // mark in the stuck rank's row only, and the running bars' colour in both.
 func TestTimelineDrawsAHang(t *testing.T) {
-	rsvg, err := exec.LookPath("rsvg-convert")
-	if err != nil {
-		if os.Getenv("CI") == "true" {
-			t.Fatalf("rsvg-convert is missing (Debian package librsvg2-bin): %v", err)
-		}
-		t.Skipf("rsvg-convert is missing: install the Debian package librsvg2-bin (%v)", err)
-	}
+	rsvg := testenv.MustHaveCommand(t, "rsvg-convert", "librsvg2-bin")
 	t0 := time.Unix(1000, 0)
 	svg := TimelineSVG(TimelineInfo{RunID: "r", Host: "h", Result: "stopped by SIGTERM", Failed: true, End: t0.Add(10 * time.Second)}, []Event{
 		{Time: t0, Kind: EventRound, Nodes: 1},

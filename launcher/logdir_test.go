@@ -6,6 +6,8 @@ import (
 	"path/filepath"
 	"testing"
 	"time"
+
+	"github.com/gorun/gorun/internal/testenv"
 )
 
 // A link planted at any component gorun makes or resets is refused or
@@ -99,13 +101,7 @@ func TestLogDirCreateReplacesLinks(t *testing.T) {
 }
 
 func TestLogDirRefusesForeignFolders(t *testing.T) {
-	if os.Geteuid() != 0 {
-		// CI runs as root: there the test must run.
-		if os.Getenv("CI") == "true" {
-			t.Fatal("needs root to give a folder to another user")
-		}
-		t.Skip("needs root to give a folder to another user")
-	}
+	testenv.MustHaveRoot(t, "giving a folder to another user")
 	root := t.TempDir()
 	if err := os.Chown(root, 4242, 4242); err != nil {
 		t.Fatal(err)

@@ -33,11 +33,11 @@ var torch2Root struct {
 func requireTorch2(t testing.TB) *torch2test.Root {
 	t.Helper()
 	torch2Root.once.Do(func() {
-		torch2Root.root = torch2test.Require(t, torch2test.Options{Dir: os.Getenv("GORUN_TORCH2_ROOT")}, os.Getenv("CI") == "true")
+		torch2Root.root = torch2test.Require(t, torch2test.Options{Dir: os.Getenv("GORUN_TORCH2_ROOT")})
 	})
 	if torch2Root.root == nil {
 		// Require skipped or failed the first caller; so it does this one.
-		torch2test.Require(t, torch2test.Options{Dir: os.Getenv("GORUN_TORCH2_ROOT")}, os.Getenv("CI") == "true")
+		torch2test.Require(t, torch2test.Options{Dir: os.Getenv("GORUN_TORCH2_ROOT")})
 	}
 	return torch2Root.root
 }

@@ -5,9 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"fmt"
 	"io"
-	"os"
 	"os/exec"
 	"path/filepath"
 	"reflect"
@@ -16,42 +14,20 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/gorun/gorun/internal/testenv"
 )
 
 // torchScript is the Python side of the interop tests.
 var torchScript = filepath.Join("testdata", "torch_client.py")
 
-// findTorchPython finds, once per test binary, a Python interpreter with
-// torch.distributed: $GORUN_TEST_PYTHON, else Debian's /usr/bin/python3
-// (the python3 on PATH may lack torch).
-var findTorchPython = sync.OnceValues(func() (string, error) {
-	python := os.Getenv("GORUN_TEST_PYTHON")
-	if python == "" {
-		python = "/usr/bin/python3"
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	out, err := exec.CommandContext(ctx, python, "-c", "import torch, torch.distributed; print(torch.__version__)").CombinedOutput()
-	if err != nil {
-		return "", fmt.Errorf("%s cannot import torch.distributed (install python3-torch, or set GORUN_TEST_PYTHON): %v: %s", python, err, bytes2line(out))
-	}
-	return python, nil
-})
-
-func bytes2line(b []byte) string {
-	lines := strings.Split(strings.TrimSpace(string(b)), "\n")
-	return lines[len(lines)-1]
-}
-
-// requireTorch returns the Python interpreter with torch. Without one the
-// test fails: interop is tested against real torch (Debian's python3-torch).
+// requireTorch returns the Python interpreter with torch.distributed
+// ($GORUN_TEST_PYTHON, else Debian's /usr/bin/python3: the python3 on PATH
+// may lack torch): interop is tested against real torch. Without it the
+// test is skipped naming python3-torch, or fails under CI=true.
 func requireTorch(tb testing.TB) string {
 	tb.Helper()
-	python, err := findTorchPython()
-	if err != nil {
-		tb.Fatalf("torch interop needs real torch (apt-get install python3-torch): %v", err)
-	}
-	return python
+	return testenv.MustHavePythonModule(tb, "torch.distributed", "import torch, torch.distributed", testenv.TorchPackage)
 }
 
 // torchProcess runs the Python script and reads its JSON lines.

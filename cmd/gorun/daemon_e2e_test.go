@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -10,6 +11,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/gorun/gorun/internal/testenv"
 )
 
 // daemonBound is how soon after gorun ends, or a worker group is stopped,
@@ -38,10 +41,8 @@ func requireContainment(t *testing.T, mode string) {
 	if j.code == 0 {
 		return
 	}
-	if os.Getenv("CI") == "true" {
-		t.Fatalf("gorun cannot contain workers by %s:\n%s", mode, j)
-	}
-	t.Skipf("gorun cannot contain workers by %s here (it needs root or a delegated cgroup v2 subtree and Linux 5.7):\n%s", mode, j)
+	testenv.MustHave(t, fmt.Errorf("gorun cannot contain workers by %s:\n%s", mode, j),
+		"root or a delegated cgroup v2 subtree, and Linux 5.7", "")
 }
 
 // daemonWorker writes a worker that starts, in attempt $TORCHELASTIC_RESTART_COUNT,

@@ -11,6 +11,8 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+
+	"github.com/gorun/gorun/internal/testenv"
 )
 
 func TestDoctorReportsThisHost(t *testing.T) {
@@ -191,10 +193,7 @@ func TestNProcPerNodeGPUAndAuto(t *testing.T) {
 // for NCCL or the CUDA driver.
 func compileLibrary(t *testing.T, path, source string) {
 	t.Helper()
-	cc, err := exec.LookPath("cc")
-	if err != nil {
-		t.Fatalf("no C compiler to build a stand-in %s (apt-get install gcc): %v", filepath.Base(path), err)
-	}
+	cc := testenv.MustHaveCommand(t, "cc", "gcc")
 	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
 		t.Fatal(err)
 	}

@@ -8,9 +8,10 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strings"
 	"testing"
 	"time"
+
+	"github.com/gorun/gorun/internal/testenv"
 )
 
 // The end-to-end tests run the real gorun binary on real processes. TestMain
@@ -88,20 +89,12 @@ func script(t *testing.T, dir, name, body string) string {
 	return path
 }
 
-// python returns the interpreter that has Debian's python3-torch; without
-// it the interop tests fail, naming the package.
+// python returns the interpreter that has Debian's python3-torch with
+// gloo ($GORUN_TEST_PYTHON, else /usr/bin/python3); without it the test is
+// skipped naming the package, or fails under CI=true.
 func python(t *testing.T) string {
 	t.Helper()
-	py := os.Getenv("GORUN_TEST_PYTHON")
-	if py == "" {
-		py = "/usr/bin/python3"
-	}
-	out, err := exec.Command(py, "-c", "import torch.distributed as d; print(d.is_gloo_available())").CombinedOutput()
-	if err == nil && strings.TrimSpace(string(out)) == "True" {
-		return py
-	}
-	t.Fatalf("PyTorch with gloo is not importable by %s (apt-get install python3-torch): %v %s", py, err, out)
-	return ""
+	return testenv.MustHaveTorch(t)
 }
 
 // waitFor polls cond every 20 ms until it holds or d passes.

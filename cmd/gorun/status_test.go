@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/gorun/gorun/elastic"
+	"github.com/gorun/gorun/internal/testenv"
 )
 
 func TestLatestPerNode(t *testing.T) {
@@ -67,16 +68,13 @@ func TestFormatBytes(t *testing.T) {
 }
 
 func TestPrintStacksWithoutPySpy(t *testing.T) {
-	py := exec.Command("python3", "-c", "import sys; sys.stdin.read()")
+	py := exec.Command(testenv.MustHaveCommand(t, "python3", "python3"), "-c", "import sys; sys.stdin.read()")
 	stdin, err := py.StdinPipe()
 	if err != nil {
 		t.Fatal(err)
 	}
 	if err := py.Start(); err != nil {
-		if os.Getenv("CI") == "true" {
-			t.Fatalf("no python3 (apt-get install python3): %v", err)
-		}
-		t.Skipf("no python3 (apt-get install python3): %v", err)
+		t.Fatal(err)
 	}
 	defer func() { stdin.Close(); py.Wait() }()
 	// python3 may be a shim that execs the interpreter later.

@@ -14,21 +14,15 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+
+	"github.com/gorun/gorun/internal/testenv"
 )
 
 // rsvgConvert returns rsvg-convert, which the timeline tests draw the
 // picture with; without it they skip, or fail under CI=true.
 func rsvgConvert(t *testing.T) string {
 	t.Helper()
-	path, err := exec.LookPath("rsvg-convert")
-	if err == nil {
-		return path
-	}
-	if os.Getenv("CI") == "true" {
-		t.Fatalf("rsvg-convert is missing (Debian package librsvg2-bin): %v", err)
-	}
-	t.Skipf("rsvg-convert is missing: install the Debian package librsvg2-bin (%v)", err)
-	return ""
+	return testenv.MustHaveCommand(t, "rsvg-convert", "librsvg2-bin")
 }
 
 // drawSVG renders svg to an image with rsvg-convert.

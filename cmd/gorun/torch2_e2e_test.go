@@ -40,10 +40,10 @@ type torch2Env struct {
 func newTorch2(t *testing.T, scripts ...string) torch2Env {
 	t.Helper()
 	opts := torch2test.Options{Dir: os.Getenv("GORUN_TORCH2_ROOT"), Share: []string{os.TempDir()}}
-	torch2Root.once.Do(func() { torch2Root.root = torch2test.Require(t, opts, os.Getenv("CI") == "true") })
+	torch2Root.once.Do(func() { torch2Root.root = torch2test.Require(t, opts) })
 	if torch2Root.root == nil {
 		// Require skipped or failed the first caller; so it does this one.
-		torch2test.Require(t, opts, os.Getenv("CI") == "true")
+		torch2test.Require(t, opts)
 	}
 	e := torch2Env{root: torch2Root.root, dir: t.TempDir()}
 	if err := torch2test.WriteSupport(e.dir); err != nil {

@@ -8,6 +8,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/gorun/gorun/internal/testenv"
 )
 
 // Issue 20: a command copied from PyTorch's docs runs. Each torchrun flag
@@ -144,7 +146,8 @@ func TestReportNamesTheProgram(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(dir, "fail.py"), []byte("import sys\nsys.exit(3)\n"), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	j := gorun(t, nil, "--python", "/usr/bin/python3", "--event-log-handler", "console", filepath.Join(dir, "fail.py"))
+	py := testenv.MustHavePython(t)
+	j := gorun(t, nil, "--python", py, "--event-log-handler", "console", filepath.Join(dir, "fail.py"))
 	if j.code != 3 || !strings.Contains(j.stderr, filepath.Join(dir, "fail.py")+" FAILED") || strings.Contains(j.stderr, "python3 FAILED") {
 		t.Errorf("want the script in the header and exit 3:\n%s", j)
 	}
@@ -159,7 +162,7 @@ func TestReportNamesTheProgram(t *testing.T) {
 		events[1]["source"] != "AGENT" {
 		t.Errorf("want a WORKER and an AGENT event:\n%v\n%s", events, j)
 	}
-	j = gorun(t, []string{"PYTHONPATH=" + dir}, "--python", "/usr/bin/python3", "-m", "fail")
+	j = gorun(t, []string{"PYTHONPATH=" + dir}, "--python", py, "-m", "fail")
 	if j.code != 3 || !strings.Contains(j.stderr, "\nfail FAILED") {
 		t.Errorf("want the module in the header:\n%s", j)
 	}

@@ -16,6 +16,8 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+
+	"github.com/gorun/gorun/internal/testenv"
 )
 
 // docPath is the map whose rules the module must keep, from the module's root.
@@ -51,14 +53,7 @@ func TestImportRules(t *testing.T) {
 // fails under CI=true, where one is always installed.
 func requireGo(t *testing.T) string {
 	t.Helper()
-	path, err := exec.LookPath("go")
-	if err != nil {
-		if os.Getenv("CI") == "true" {
-			t.Fatalf("the go tool is not on PATH: %v", err)
-		}
-		t.Skipf("the go tool is not on PATH (install golang-go): %v", err)
-	}
-	return path
+	return testenv.MustHaveCommand(t, "go", "golang-go")
 }
 
 // module is the module as go list and the parser see it.

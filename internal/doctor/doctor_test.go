@@ -5,13 +5,12 @@ import (
 	"errors"
 	"fmt"
 	"net"
-	"os"
-	"os/exec"
 	"strconv"
 	"strings"
 	"testing"
 
 	"github.com/gorun/gorun/cuda"
+	"github.com/gorun/gorun/internal/testenv"
 )
 
 // fakeNode is a Config whose every input is a stand-in.
@@ -194,13 +193,7 @@ func TestPythonSection(t *testing.T) {
 
 // AskPython asks a real interpreter; this one has no torch, or has it.
 func TestAskPython(t *testing.T) {
-	py, err := exec.LookPath("python3")
-	if err != nil {
-		if os.Getenv("CI") == "true" {
-			t.Fatal("no python3 on PATH (apt-get install python3)")
-		}
-		t.Skip("no python3 on PATH (apt-get install python3)")
-	}
+	py := testenv.MustHaveCommand(t, "python3", "python3")
 	info, err := AskPython(context.Background(), py)
 	if err != nil || info.Version == "" || info.Executable == "" || (info.Torch == "") == (info.TorchError == "") {
 		t.Errorf("got %+v, %v; want a version, a path, and torch's version or why it does not import", info, err)

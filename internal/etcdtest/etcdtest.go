@@ -18,22 +18,15 @@ import (
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
+
+	"github.com/gorun/gorun/internal/testenv"
 )
 
-// Need returns the etcd binary, or skips the test naming the package to
-// install, except in CI (CI=true), where etcd must be there.
+// Need returns the etcd binary; without it the test is skipped naming the
+// packages to install, or fails under CI=true (testenv's rule).
 func Need(t testing.TB) string {
 	t.Helper()
-	path, err := exec.LookPath("etcd")
-	if err == nil {
-		return path
-	}
-	msg := "etcd tests need etcd (apt-get install etcd-server etcd-client)"
-	if os.Getenv("CI") == "true" {
-		t.Fatal(msg)
-	}
-	t.Skip(msg)
-	return ""
+	return testenv.MustHaveCommand(t, "etcd", "etcd-server etcd-client")
 }
 
 // Options shape a cluster.

@@ -26,6 +26,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/gorun/gorun/internal/testenv"
 )
 
 // Packages are the Debian packages that hold the cluster's programs.
@@ -81,16 +83,14 @@ type Cluster struct {
 
 // Start brings up munged, slurmctld and opts.Nodes slurmd, waits until
 // every node is idle and a step across all of them runs, and tears the
-// cluster down when the test ends. A missing program or a cluster that
-// does not come up fails the test: it is never skipped.
+// cluster down when the test ends. Without root or a program of Packages
+// the test is skipped naming them, or fails under CI=true (testenv's
+// rule); a cluster that does not come up fails the test.
 func Start(t testing.TB, opts Options) *Cluster {
 	t.Helper()
 	begin := time.Now()
 	opts = opts.withDefaults()
-	c := &Cluster{programs: findPrograms(t)}
-	if os.Getuid() != 0 {
-		t.Fatalf("slurmtest: a local Slurm cluster needs root: every node is a slurmd in mount and UTS namespaces of its own, with its own hostname and /etc/hosts")
-	}
+	c := &Cluster{programs: Need(t)}
 	// Not t.TempDir: munged refuses a socket below a directory that others
 	// cannot enter, and t.TempDir's parent is private.
 	dir, err := os.MkdirTemp("", "gorun-slurm-")
@@ -130,31 +130,19 @@ func Start(t testing.TB, opts Options) *Cluster {
 	return c
 }
 
-// findPrograms looks each program up in PATH and in the sbin directories,
-// which a root shell in a container may lack in PATH.
-func findPrograms(t testing.TB) map[string]string {
+// Need returns the paths of the programs Start runs, looked up in PATH and
+// in the sbin directories, which a root shell in a container may lack in
+// PATH. Without root or one of them the test is skipped naming Packages,
+// or fails under CI=true.
+func Need(t testing.TB) map[string]string {
 	t.Helper()
 	found := map[string]string{}
-	var missing []string
 	for _, name := range programs {
-		path, err := exec.LookPath(name)
-		if err != nil {
-			for _, dir := range []string{"/usr/sbin", "/sbin"} {
-				if _, statErr := os.Stat(filepath.Join(dir, name)); statErr == nil {
-					path, err = filepath.Join(dir, name), nil
-					break
-				}
-			}
-		}
-		if err != nil {
-			missing = append(missing, name)
-			continue
-		}
-		found[name] = path
+		found[name] = testenv.MustHaveCommand(t, name, Packages)
 	}
-	if len(missing) > 0 {
-		t.Fatalf("slurmtest: a local Slurm cluster needs %s (apt-get install %s)", strings.Join(missing, ", "), Packages)
-	}
+	// Every node is a slurmd in mount and UTS namespaces of its own, with
+	// its own hostname and /etc/hosts.
+	testenv.MustHaveRoot(t, "a local Slurm cluster")
 	return found
 }
 

@@ -14,6 +14,7 @@ import (
 // own name that resolves the other; Wait reports the script's exit code;
 // and teardown leaves nothing behind, not even a job still running.
 func TestSlurmClusterRunsJobsOnBothNodes(t *testing.T) {
+	Need(t) // here, not in the subtest: a skipped subtest would pass this test
 	var daemons []*daemon
 	var sleeperPids []int
 	t.Run("cluster", func(t *testing.T) {
@@ -54,7 +55,7 @@ exit 3
 		}
 	})
 	if daemons == nil {
-		return // Start failed and said why
+		return // the subtest failed, so does this test
 	}
 	if len(daemons) != 4 {
 		t.Fatalf("want munged, slurmctld and 2 slurmd, started %d daemons", len(daemons))

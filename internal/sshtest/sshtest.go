@@ -6,6 +6,7 @@ package sshtest
 import (
 	"bufio"
 	"bytes"
+	"fmt"
 	"net"
 	"os"
 	"os/exec"
@@ -18,6 +19,8 @@ import (
 
 	"golang.org/x/crypto/ssh"
 	"golang.org/x/crypto/ssh/knownhosts"
+
+	"github.com/gorun/gorun/internal/testenv"
 )
 
 // SSHDPath must be absolute: sshd re-executes itself.
@@ -31,25 +34,17 @@ type Env struct {
 	KnownHosts string
 }
 
-// NewEnv skips the test when real OpenSSH servers cannot be started here,
-// except in CI (CI=true), where they must be.
+// NewEnv skips the test when real OpenSSH servers cannot be started here
+// (they need root, sshd and the client's tools), naming what to install,
+// except in CI (CI=true), where they must be (testenv's rule).
 func NewEnv(t testing.TB) *Env {
 	t.Helper()
-	var missing []string
-	if os.Getuid() != 0 {
-		missing = append(missing, "root")
+	// The programs first: without them, root alone would not do.
+	testenv.MustHaveCommand(t, SSHDPath, "openssh-server")
+	for _, tool := range []string{"ssh", "ssh-keygen", "ssh-agent", "ssh-add"} {
+		testenv.MustHaveCommand(t, tool, "openssh-client")
 	}
-	if _, err := os.Stat(SSHDPath); err != nil {
-		missing = append(missing, SSHDPath)
-	}
-	for _, tool := range []string{"ssh-keygen", "ssh-agent", "ssh-add"} {
-		if _, err := exec.LookPath(tool); err != nil {
-			missing = append(missing, tool)
-		}
-	}
-	if len(missing) > 0 {
-		t.Fatalf("ssh tests need %v (apt-get install openssh-server openssh-client)", missing)
-	}
+	testenv.MustHaveRoot(t, "sshd servers")
 	// sshd's privilege separation needs this empty directory.
 	if out, err := exec.Command("install", "-d", "-m", "0755", "-o", "root", "-g", "root", "/run/sshd").CombinedOutput(); err != nil {
 		t.Fatalf("install -d /run/sshd: %v: %s", err, out)
@@ -236,7 +231,7 @@ func OutsideIPv4(t testing.TB) (ip, decimal string) {
 			}
 		}
 	}
-	t.Fatalf("this test needs an IPv4 address other than loopback; interfaces have %v", addrs)
+	testenv.MustHave(t, fmt.Errorf("sshtest: interfaces have %v", addrs), "an IPv4 address other than loopback", "")
 	return "", ""
 }
 

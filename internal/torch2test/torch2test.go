@@ -26,6 +26,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/gorun/gorun/internal/testenv"
 )
 
 // DefaultDir is where the root is cached between runs (about 1.5 GB).
@@ -119,17 +121,18 @@ func Ensure(ctx context.Context, opts Options) (*Root, error) {
 }
 
 // Require is Ensure for a test, bounded by ten minutes. Where no root can
-// be had here the test is skipped, naming the package to install, or
-// fails when strict (in CI, where every component must be present).
-func Require(tb testing.TB, opts Options, strict bool) *Root {
+// be had here (no root, no chroot, no debootstrap) the test is skipped
+// naming the package to install, or fails under CI=true, where every
+// component must be present (testenv's rule).
+func Require(tb testing.TB, opts Options) *Root {
 	tb.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
 	r, err := Ensure(ctx, opts)
-	switch {
-	case errors.Is(err, ErrUnavailable) && !strict:
-		tb.Skip(err)
-	case err != nil:
+	if errors.Is(err, ErrUnavailable) {
+		testenv.MustHave(tb, err, "a torch 2.6 root", Package)
+	}
+	if err != nil {
 		tb.Fatal(err)
 	}
 	return r

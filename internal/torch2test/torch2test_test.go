@@ -7,6 +7,8 @@ import (
 	"reflect"
 	"strings"
 	"testing"
+
+	"github.com/gorun/gorun/internal/testenv"
 )
 
 func TestMountPoints(t *testing.T) {
@@ -56,7 +58,7 @@ func TestWithHostname(t *testing.T) {
 // and resolves the host's name.
 func TestEnsure(t *testing.T) {
 	share := t.TempDir()
-	r := Require(t, Options{Dir: os.Getenv("GORUN_TORCH2_ROOT"), Share: []string{share}}, os.Getenv("CI") == "true")
+	r := Require(t, Options{Dir: os.Getenv("GORUN_TORCH2_ROOT"), Share: []string{share}})
 	if err := WriteSupport(share); err != nil {
 		t.Fatal(err)
 	}
@@ -76,12 +78,7 @@ print(torch.__version__.split("+")[0], d.is_gloo_available(), "nolibuv.apply()" 
 // Removing a root unmounts what is bound into it first: the bound folder's
 // files survive, as the host's /tmp must when a broken root is rebuilt.
 func TestRemoveSparesWhatIsMounted(t *testing.T) {
-	if os.Getuid() != 0 {
-		if os.Getenv("CI") == "true" {
-			t.Fatal("bind mounts need root")
-		}
-		t.Skip("bind mounts need root")
-	}
+	testenv.MustHaveRoot(t, "bind mounts")
 	host, root := t.TempDir(), filepath.Join(t.TempDir(), "root")
 	keep := filepath.Join(host, "keep")
 	if err := os.WriteFile(keep, []byte("x"), 0o644); err != nil {
