@@ -319,10 +319,10 @@ func newGuard(opts ServerOptions, lim limits) guard {
 // holds s.mu and closes a connection refused.
 //
 // Over MaxHandshakes, only a handshake silent for half the handshake
-// timeout makes room: when thousands of ranks connect at once, the oldest may have
-// its first request in its socket, unread by a reader not yet scheduled,
-// or be a client that connected a moment ago and has not written yet (its
-// own process as busy). The new connection is admitted all the same. At
+// timeout makes room: when thousands of ranks connect at once, the oldest
+// may have its first request in its socket, unread by a reader not yet
+// scheduled, or be a client that connected a moment ago and has not
+// written yet (its own process as busy). The new connection is admitted all the same. At
 // the connection cap any silent handshake gives way, then the longest
 // idle connection; a client that has spoken is never closed for a new one.
 func (s *Server) admitLocked(c *conn) bool {

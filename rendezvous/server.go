@@ -44,7 +44,10 @@ type ServerOptions struct {
 	// there is none, it is closed.
 	MaxConns int
 	// MaxHandshakes bounds connections that have not sent a valid first
-	// request; past it the oldest is closed (default DefaultMaxHandshakes).
+	// request: past it the oldest is closed if it has been silent for half
+	// the HandshakeTimeout, with nothing in its socket; else the new one is
+	// admitted all the same, as ranks connecting by the thousand are
+	// (default DefaultMaxHandshakes).
 	MaxHandshakes int
 	// HandshakeTimeout closes a connection that sends no valid first
 	// request in time (default DefaultHandshakeTimeout). torch 1.13's
