@@ -111,6 +111,21 @@ type snapshot struct {
 	arrivals int
 	lastCall bool
 	decision *decision
+	// short is the last shortage a decider found, if any.
+	short *shortage
+}
+
+// shortage is what a decider that found too few nodes recorded: found
+// were there when arrivals had joined.
+type shortage struct{ arrivals, found int }
+
+// there is how many nodes are in the round, as far as the joiners know:
+// the joins counted, less those a decider found withdrawn.
+func (s snapshot) there() int {
+	if s.short != nil && s.arrivals >= s.short.arrivals {
+		return s.short.found + s.arrivals - s.short.arrivals
+	}
+	return s.arrivals
 }
 
 // readCall fills in what the keys under round r's call/ say.
@@ -125,6 +140,12 @@ func (h *Handler) readCall(r int, kvs []*mvccpb.KeyValue, s *snapshot) error {
 				return fmt.Errorf("rendezvous/etcd: decision of round %d: %w", r, err)
 			}
 			s.decision = &d
+		case h.k(shortKey(r)):
+			var sh shortage
+			if _, err := fmt.Sscan(string(kv.Value), &sh.arrivals, &sh.found); err != nil {
+				return fmt.Errorf("rendezvous/etcd: shortage of round %d: %w", r, err)
+			}
+			s.short = &sh
 		}
 	}
 	return nil
@@ -204,7 +225,9 @@ func (h *Handler) join(ctx context.Context, st jobState, lease clientv3.LeaseID,
 		h.giveUp(ctx, key)
 		return nil, err
 	}
-	if s.arrivals >= o.MinNodes && !s.lastCall {
+	// A join that fills the round decides it at once: a last call would
+	// only wake every joiner for nothing.
+	if there := s.there(); there >= o.MinNodes && there < o.MaxNodes && !s.lastCall {
 		h.openLastCall(ctx, r)
 	}
 
@@ -218,15 +241,12 @@ func (h *Handler) join(ctx context.Context, st jobState, lease clientv3.LeaseID,
 				return nil, err
 			}
 		}
-		// Fewer nodes than counted are there: some withdrew; wait
-		// for another to join too.
-		short := false
 		now := o.Now()
-		if (s.lastCall || s.arrivals >= o.MinNodes) && lastCall.IsZero() {
+		if (s.lastCall || s.there() >= o.MinNodes) && lastCall.IsZero() {
 			lastCall = now
 		}
 		v := view{
-			moved: s.state != st, arrivals: s.arrivals, decided: s.decision != nil,
+			moved: s.state != st, arrivals: s.there(), decided: s.decision != nil,
 			lastCallDue:  !lastCall.IsZero() && !now.Before(lastCall.Add(o.LastCallTimeout)),
 			pastDeadline: !now.Before(*deadline),
 			minNodes:     o.MinNodes, maxNodes: o.MaxNodes,
@@ -240,24 +260,24 @@ func (h *Handler) join(ctx context.Context, st jobState, lease clientv3.LeaseID,
 			}
 		}
 		step := nextStep(v)
+		busy := false // another node decides the round
 		if step == stepDecide {
 			// Full, unless at the last call or the deadline.
 			need := o.MaxNodes
 			if v.lastCallDue || v.pastDeadline {
 				need = o.MinNodes
 			}
-			decided, found, err := h.decide(ctx, st, need)
+			verdict, rev, err := h.decide(ctx, st, need, lease)
 			if err != nil {
 				h.giveUp(ctx, key)
 				return nil, err
 			}
-			if decided {
+			if verdict != verdictBusy {
+				// Decided, or too few there (recorded): look again.
 				continue
 			}
-			// Fewer than need are there: go by the nodes there.
-			short = true
-			s.arrivals, v.arrivals = found, found
-			step = nextStep(v)
+			// Wait for the decider's word, or for its claim to lapse.
+			busy, step, s.rev = true, stepWait, rev
 		}
 		switch step {
 		case stepRetry:
@@ -266,13 +286,13 @@ func (h *Handler) join(ctx context.Context, st jobState, lease clientv3.LeaseID,
 			return h.takePart(st, *s.decision, me, s.rev)
 		case stepVoid, stepTimedOut:
 			// Read before this node's key goes.
-			w := h.waiting(ctx, r, idx, s.arrivals, 0, "join timeout")
-			if _, _, err := h.decide(ctx, st, 0); err != nil {
+			w := h.waiting(ctx, r, idx, s.there(), 0, "join timeout")
+			if _, _, err := h.decide(ctx, st, 0, lease); err != nil {
 				h.log.Warn().Err(err).Int("round", r).Msg("could not void the round")
 			}
 			h.giveUp(ctx, key)
 			return nil, fmt.Errorf("%w after %v: %d of min %d nodes joined round %d; missing: %s",
-				rendezvous.ErrJoinTimeout, o.JoinTimeout, s.arrivals, o.MinNodes, r, w.MissingText())
+				rendezvous.ErrJoinTimeout, o.JoinTimeout, s.there(), o.MinNodes, r, w.MissingText())
 		case stepSpare:
 			h.log.Info().Int("round", r).Msg("round is full: waiting as a spare")
 			if err := h.awaitChange(ctx, st, s.rev, time.Time{}); err != nil {
@@ -292,20 +312,27 @@ func (h *Handler) join(ctx context.Context, st jobState, lease clientv3.LeaseID,
 			if !lastCall.IsZero() {
 				left, until = lastCall.Add(o.LastCallTimeout).Sub(now), "last call"
 			}
-			h.waiting(ctx, r, idx, s.arrivals, left, until).Log(h.log)
+			h.waiting(ctx, r, idx, s.there(), left, until).Log(h.log)
 			reported = now
 		}
-		// Wait for the last call, the deadline, a roster, a move or the
-		// next progress report.
-		until := minTime(*deadline, rendezvous.NextProgress(start, reported))
-		if !lastCall.IsZero() && !short {
+		// Wait for the last call, the deadline, a decision, a move or the
+		// next progress report; for the decider's word, or its claim to
+		// lapse; and, too few there after the last call, for a join.
+		until := rendezvous.NextProgress(start, reported)
+		if !v.pastDeadline {
+			until = minTime(until, *deadline)
+		}
+		if !lastCall.IsZero() && !v.lastCallDue {
 			until = minTime(until, lastCall.Add(o.LastCallTimeout))
 		}
-		prefixes := []string{callKey(r)}
-		if short {
-			prefixes = append(prefixes, nodesKey(r))
+		keys := []watched{{key: callKey(r), prefix: true}}
+		switch {
+		case busy:
+			keys = append(keys, watched{key: claimKey(r), deletesOnly: true})
+		case v.lastCallDue:
+			keys = append(keys, watched{key: arrivalsKey(r)})
 		}
-		if err := h.awaitChange(ctx, st, s.rev, until, prefixes...); err != nil {
+		if err := h.awaitChange(ctx, st, s.rev, until, keys...); err != nil {
 			h.giveUp(ctx, key)
 			return nil, err
 		}
@@ -358,10 +385,16 @@ func (h *Handler) openLastCall(ctx context.Context, r int) {
 	_, _ = h.kv.Txn(rctx).If(clientv3.Compare(clientv3.CreateRevision(k), "=", 0)).Then(clientv3.OpPut(k, "")).Commit()
 }
 
-// awaitChange watches, from revision rev+1, the job's state and the keys
-// under prefixes (relative), until one changes, until (when not zero), or
-// ctx ends.
-func (h *Handler) awaitChange(ctx context.Context, st jobState, rev int64, until time.Time, prefixes ...string) error {
+// watched is a key (relative) that awaitChange watches: with prefix, the
+// keys under it; with deletesOnly, its deletion alone.
+type watched struct {
+	key                 string
+	prefix, deletesOnly bool
+}
+
+// awaitChange watches, from revision rev+1, the job's state and keys,
+// until one changes, until (when not zero), or ctx ends.
+func (h *Handler) awaitChange(ctx context.Context, st jobState, rev int64, until time.Time, keys ...watched) error {
 	wctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	if !until.IsZero() {
@@ -369,7 +402,7 @@ func (h *Handler) awaitChange(ctx context.Context, st jobState, rev int64, until
 		wctx, c2 = context.WithDeadline(wctx, until)
 		defer c2()
 	}
-	changed := make(chan struct{}, 1+len(prefixes))
+	changed := make(chan struct{}, 1+len(keys))
 	follow := func(ch clientv3.WatchChan) {
 		go func() {
 			for range ch {
@@ -379,8 +412,15 @@ func (h *Handler) awaitChange(ctx context.Context, st jobState, rev int64, until
 		}()
 	}
 	follow(h.cli.Watch(wctx, h.k(keyState), clientv3.WithRev(rev+1)))
-	for _, p := range prefixes {
-		follow(h.cli.Watch(wctx, h.k(p), clientv3.WithPrefix(), clientv3.WithRev(rev+1)))
+	for _, w := range keys {
+		opts := []clientv3.OpOption{clientv3.WithRev(rev + 1)}
+		if w.prefix {
+			opts = append(opts, clientv3.WithPrefix())
+		}
+		if w.deletesOnly {
+			opts = append(opts, clientv3.WithFilterPut())
+		}
+		follow(h.cli.Watch(wctx, h.k(w.key), opts...))
 	}
 	select {
 	case <-changed:
@@ -459,31 +499,90 @@ func (h *Handler) putSeats(ctx context.Context, r int, by string, seats []seat) 
 	return <-errs
 }
 
+// verdict is what a try to decide a round came to.
+type verdict int
+
+const (
+	verdictDone  verdict = iota // decided, by this node or another, or the job moved on
+	verdictShort                // fewer than needed were there: recorded for all
+	verdictBusy                 // another node is deciding it
+)
+
 // decide fixes round st.round's members, unless fixed already: its first
 // MaxNodes joiners, by arrival, if at least need are there, or none when
-// need is 0 (void). It writes their seats first, under its own name, so
-// that a member that sees the decision finds its seat; a decider that
-// loses the race leaves seats that nobody reads. It returns false, having
-// decided nothing, when fewer than need are there (some withdrew), and
-// how many are.
-func (h *Handler) decide(ctx context.Context, st jobState, need int) (decided bool, found int, err error) {
+// need is 0 (void). Only the holder of the round's claim, on its lease,
+// decides: the others wait for its word (verdictBusy, with the revision
+// at which they saw the claim held), so that the O(n) read of the members
+// and write of their seats happens once a round, not once per node that
+// saw it full. The decider writes the seats first, under its own name, so
+// that a member that sees the decision finds its seat; one whose claim
+// lapsed midway leaves seats that nobody reads. Fewer than need there
+// (some withdrew), it records how many (verdictShort) for every joiner to
+// count from.
+func (h *Handler) decide(ctx context.Context, st jobState, need int, lease clientv3.LeaseID) (verdict, int64, error) {
 	o, r := h.opts, st.round
 	rctx, cancel := h.request(ctx)
 	defer cancel()
+	final, claim := h.k(finalKey(r)), h.k(claimKey(r))
+	open := []clientv3.Cmp{
+		clientv3.Compare(clientv3.Value(h.k(keyState)), "=", st.String()),
+		clientv3.Compare(clientv3.CreateRevision(final), "=", 0),
+	}
+	fail := func(err error) (verdict, int64, error) {
+		return verdictDone, 0, h.unreachable(ctx, fmt.Sprintf("decide round %d", r), err)
+	}
 	var d decision
 	if need > 0 {
-		resp, err := h.kv.Get(rctx, h.k(nodesKey(r)), clientv3.WithPrefix(),
-			clientv3.WithSort(clientv3.SortByCreateRevision, clientv3.SortAscend), clientv3.WithLimit(int64(o.MaxNodes)))
+		t, err := h.kv.Txn(rctx).If(append(open, clientv3.Compare(clientv3.CreateRevision(claim), "=", 0))...).
+			Then(clientv3.OpPut(claim, o.NodeID, clientv3.WithLease(lease))).
+			Else(clientv3.OpGet(claim)).Commit()
 		if err != nil {
-			return false, 0, h.unreachable(ctx, fmt.Sprintf("decide round %d", r), err)
+			return fail(err)
 		}
-		if len(resp.Kvs) < need {
-			return false, len(resp.Kvs), nil
+		claimed := t.Header.Revision
+		if !t.Succeeded {
+			kvs := t.Responses[0].GetResponseRange().Kvs
+			switch {
+			case len(kvs) == 0:
+				return verdictDone, 0, nil // decided, or the job moved on
+			case string(kvs[0].Value) != o.NodeID:
+				return verdictBusy, t.Header.Revision, nil
+			}
+			// An earlier attempt claimed it.
+			claimed = kvs[0].CreateRevision
 		}
-		ms := make([]member, len(resp.Kvs))
-		for i, kv := range resp.Kvs {
+		ours := clientv3.Compare(clientv3.CreateRevision(claim), "=", claimed)
+		// release gives the claim up, with ops, even when ctx ended.
+		release := func(ops ...clientv3.Op) error {
+			rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), h.opts.RequestTimeout)
+			defer cancel()
+			_, err := h.kv.Txn(rctx).If(ours).Then(append(ops, clientv3.OpDelete(claim))...).Commit()
+			return err
+		}
+		t, err = h.kv.Txn(rctx).Then(
+			clientv3.OpGet(h.k(nodesKey(r)), clientv3.WithPrefix(),
+				clientv3.WithSort(clientv3.SortByCreateRevision, clientv3.SortAscend), clientv3.WithLimit(int64(o.MaxNodes))),
+			clientv3.OpGet(h.k(arrivalsKey(r)))).Commit()
+		if err != nil {
+			_ = release()
+			return fail(err)
+		}
+		kvs := t.Responses[0].GetResponseRange().Kvs
+		if len(kvs) < need {
+			arrivals := 0
+			if a := t.Responses[1].GetResponseRange().Kvs; len(a) > 0 {
+				arrivals = int(a[0].Version)
+			}
+			if err := release(clientv3.OpPut(h.k(shortKey(r)), fmt.Sprintf("%d %d", arrivals, len(kvs)))); err != nil {
+				return fail(err)
+			}
+			return verdictShort, 0, nil
+		}
+		ms := make([]member, len(kvs))
+		for i, kv := range kvs {
 			if err := json.Unmarshal(kv.Value, &ms[i]); err != nil {
-				return false, 0, fmt.Errorf("rendezvous/etcd: member %s of round %d: %w", kv.Key, r, err)
+				_ = release()
+				return verdictDone, 0, fmt.Errorf("rendezvous/etcd: member %s of round %d: %w", kv.Key, r, err)
 			}
 			ms[i].arrival = kv.CreateRevision
 			if ms[i].Since == 0 {
@@ -493,23 +592,23 @@ func (h *Handler) decide(ctx context.Context, st jobState, need int) (decided bo
 			}
 		}
 		var seats []seat
-		d, seats = roster{Rev: resp.Header.Revision, Nodes: order(ms)}.decide(o.NodeID)
+		d, seats = roster{Rev: t.Header.Revision, Nodes: order(ms)}.decide(o.NodeID)
 		if err := h.putSeats(rctx, r, o.NodeID, seats); err != nil {
-			return false, 0, h.unreachable(ctx, fmt.Sprintf("decide round %d", r), err)
+			_ = release()
+			return fail(err)
 		}
 	}
 	b, err := json.Marshal(d)
 	if err != nil {
-		return false, 0, err
+		return verdictDone, 0, err
 	}
-	k := h.k(finalKey(r))
-	_, err = h.kv.Txn(rctx).If(clientv3.Compare(clientv3.CreateRevision(k), "=", 0),
-		clientv3.Compare(clientv3.Value(h.k(keyState)), "=", st.String())).
-		Then(clientv3.OpPut(k, string(b))).Commit()
+	// The claim goes with the decision, or once the decision is moot.
+	_, err = h.kv.Txn(rctx).If(open...).Then(clientv3.OpPut(final, string(b)), clientv3.OpDelete(claim)).
+		Else(clientv3.OpDelete(claim)).Commit()
 	if err != nil {
-		return false, 0, h.unreachable(ctx, fmt.Sprintf("decide round %d", r), err)
+		return fail(err)
 	}
-	return true, d.N, nil
+	return verdictDone, 0, nil
 }
 
 // giveUp takes this node's key out of a round it stops joining: at once
