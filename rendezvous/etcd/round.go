@@ -128,6 +128,23 @@ func (s snapshot) there() int {
 	return s.arrivals
 }
 
+// decided returns, when events hold round r's decision, what a snapshot
+// taken then would show, sparing every joiner a read as the round forms:
+// the transaction that put it found the job's state still st.
+func (h *Handler) decided(r int, st jobState, evs []*clientv3.Event) *snapshot {
+	for _, ev := range evs {
+		if ev.Type != mvccpb.PUT || string(ev.Kv.Key) != h.k(finalKey(r)) {
+			continue
+		}
+		var d decision
+		if json.Unmarshal(ev.Kv.Value, &d) != nil {
+			return nil // the read that follows says what is wrong
+		}
+		return &snapshot{rev: ev.Kv.ModRevision, state: st, decision: &d}
+	}
+	return nil
+}
+
 // readCall fills in what the keys under round r's call/ say.
 func (h *Handler) readCall(r int, kvs []*mvccpb.KeyValue, s *snapshot) error {
 	for _, kv := range kvs {
@@ -234,8 +251,13 @@ func (h *Handler) join(ctx context.Context, st jobState, lease clientv3.LeaseID,
 	var lastCall time.Time // when this node saw MinNodes arrivals
 	start := o.Now()
 	var reported time.Time // the last progress report
+	var news *snapshot     // the decision, as the wait's events told it
 	for first := true; ; first = false {
-		if !first {
+		if news != nil {
+			// What the wait did not tell stays as last read.
+			news.arrivals, news.lastCall, news.short = s.arrivals, s.lastCall, s.short
+			s, news = *news, nil
+		} else if !first {
 			if s, err = h.snapshot(ctx, r); err != nil {
 				h.giveUp(ctx, key)
 				return nil, err
@@ -295,7 +317,7 @@ func (h *Handler) join(ctx context.Context, st jobState, lease clientv3.LeaseID,
 				rendezvous.ErrJoinTimeout, o.JoinTimeout, s.there(), o.MinNodes, r, w.MissingText())
 		case stepSpare:
 			h.log.Info().Int("round", r).Msg("round is full: waiting as a spare")
-			if err := h.awaitChange(ctx, st, s.rev, time.Time{}); err != nil {
+			if _, err := h.awaitChange(ctx, s.rev, time.Time{}, watched{key: keyState}); err != nil {
 				h.giveUp(ctx, key)
 				return nil, err
 			}
@@ -325,6 +347,8 @@ func (h *Handler) join(ctx context.Context, st jobState, lease clientv3.LeaseID,
 		if !lastCall.IsZero() && !v.lastCallDue {
 			until = minTime(until, lastCall.Add(o.LastCallTimeout))
 		}
+		// The round's call/ keys hold its news and the job's (a move
+		// puts the round's superseded key).
 		keys := []watched{{key: callKey(r), prefix: true}}
 		switch {
 		case busy:
@@ -332,10 +356,12 @@ func (h *Handler) join(ctx context.Context, st jobState, lease clientv3.LeaseID,
 		case v.lastCallDue:
 			keys = append(keys, watched{key: arrivalsKey(r)})
 		}
-		if err := h.awaitChange(ctx, st, s.rev, until, keys...); err != nil {
+		evs, err := h.awaitChange(ctx, s.rev, until, keys...)
+		if err != nil {
 			h.giveUp(ctx, key)
 			return nil, err
 		}
+		news = h.decided(r, st, evs)
 	}
 }
 
@@ -392,9 +418,10 @@ type watched struct {
 	prefix, deletesOnly bool
 }
 
-// awaitChange watches, from revision rev+1, the job's state and keys,
-// until one changes, until (when not zero), or ctx ends.
-func (h *Handler) awaitChange(ctx context.Context, st jobState, rev int64, until time.Time, keys ...watched) error {
+// awaitChange watches keys from revision rev+1 until one changes, until
+// (when not zero), or ctx ends. It returns the events that woke it, if
+// any: one watch's first answer.
+func (h *Handler) awaitChange(ctx context.Context, rev int64, until time.Time, keys ...watched) ([]*clientv3.Event, error) {
 	wctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	if !until.IsZero() {
@@ -402,16 +429,7 @@ func (h *Handler) awaitChange(ctx context.Context, st jobState, rev int64, until
 		wctx, c2 = context.WithDeadline(wctx, until)
 		defer c2()
 	}
-	changed := make(chan struct{}, 1+len(keys))
-	follow := func(ch clientv3.WatchChan) {
-		go func() {
-			for range ch {
-				changed <- struct{}{}
-				return
-			}
-		}()
-	}
-	follow(h.cli.Watch(wctx, h.k(keyState), clientv3.WithRev(rev+1)))
+	changed := make(chan []*clientv3.Event, len(keys))
 	for _, w := range keys {
 		opts := []clientv3.OpOption{clientv3.WithRev(rev + 1)}
 		if w.prefix {
@@ -420,13 +438,22 @@ func (h *Handler) awaitChange(ctx context.Context, st jobState, rev int64, until
 		if w.deletesOnly {
 			opts = append(opts, clientv3.WithFilterPut())
 		}
-		follow(h.cli.Watch(wctx, h.k(w.key), opts...))
+		ch := h.cli.Watch(wctx, h.k(w.key), opts...)
+		go func() {
+			// An answer without events (the watch broke) is news too:
+			// the caller reads again.
+			for wr := range ch {
+				changed <- wr.Events
+				return
+			}
+		}()
 	}
+	var evs []*clientv3.Event
 	select {
-	case <-changed:
+	case evs = <-changed:
 	case <-wctx.Done():
 	}
-	return context.Cause(ctx)
+	return evs, context.Cause(ctx)
 }
 
 // seatOf reads member id's seat in round r, decided as d; ok is false

@@ -35,7 +35,9 @@ import (
 //	                            that decided the round, before the decision:
 //	                            each member reads its own, O(1) bytes, where a
 //	                            roster read by everyone cost the round O(n²)
-//	round/<r>/superseded        why round r ended, put with the state that ends it
+//	round/<r>/call/superseded   why round r ended, put with the state that ends
+//	                            it: under call/, so that a joiner needs one
+//	                            watch for the round's news and the job's
 //	round/<r>/weighing/<id>     on its lease: the node weighs a failure
 //	round/<r>/done/<id>         the node's workers all succeeded
 //	round/<r>/complete          put by the last of them: the exit barrier
@@ -55,6 +57,7 @@ func callKey(r int) string            { return roundKey(r, "call/") }
 func lastCallKey(r int) string        { return callKey(r) + "last" }
 func finalKey(r int) string           { return callKey(r) + "final" }
 func shortKey(r int) string           { return callKey(r) + "short" }
+func supersededKey(r int) string      { return callKey(r) + "superseded" }
 func claimKey(r int) string           { return roundKey(r, "decider") }
 
 // jobState is the one register that every transition of the job goes
