@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"go.etcd.io/etcd/api/v3/mvccpb"
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/gorun/gorun/rendezvous"
@@ -48,7 +49,16 @@ func (h *Handler) Next(ctx context.Context) (*rendezvous.Round, error) {
 			return nil, err
 		}
 		rd, err := h.join(ctx, st, lease, &deadline)
-		if rd != nil || err != nil {
+		if errors.Is(err, rpctypes.ErrLeaseNotFound) {
+			// The lease lapsed before the join (a cluster too busy to
+			// renew it, a long pause): join again with a new one.
+			h.log.Warn().Int("round", st.round).Msg("this node's etcd lease lapsed as it joined: joining with a new one")
+			h.mu.Lock()
+			if h.lease == lease {
+				h.lease = 0
+			}
+			h.mu.Unlock()
+		} else if rd != nil || err != nil {
 			return rd, err
 		}
 		if st, _, err = h.readState(ctx); err != nil {
@@ -128,21 +138,110 @@ func (s snapshot) there() int {
 	return s.arrivals
 }
 
-// decided returns, when events hold round r's decision, what a snapshot
-// taken then would show, sparing every joiner a read as the round forms:
-// the transaction that put it found the job's state still st.
-func (h *Handler) decided(r int, st jobState, evs []*clientv3.Event) *snapshot {
+// decided returns, when events hold round st.round's decision, what a
+// snapshot taken then would show, sparing every joiner a read as the round
+// forms: the transaction that put it found the job's state still st. With
+// the round superseded too, it returns nil: the caller reads.
+func (h *Handler) decided(st jobState, evs []*clientv3.Event) *snapshot {
+	var news *snapshot
 	for _, ev := range evs {
-		if ev.Type != mvccpb.PUT || string(ev.Kv.Key) != h.k(finalKey(r)) {
-			continue
+		switch string(ev.Kv.Key) {
+		case h.k(supersededKey(st.round)):
+			return nil
+		case h.k(finalKey(st.round)):
+			var d decision
+			if ev.Type != mvccpb.PUT || json.Unmarshal(ev.Kv.Value, &d) != nil {
+				return nil // the read that follows says what is wrong
+			}
+			news = &snapshot{rev: ev.Kv.ModRevision, state: st, decision: &d}
 		}
-		var d decision
-		if json.Unmarshal(ev.Kv.Value, &d) != nil {
-			return nil // the read that follows says what is wrong
+	}
+	return news
+}
+
+// roundWatch follows a round from before this node joins it until the
+// node leaves it: the keys under its call/ (the last call, the decision, a
+// shortage, the supersede marker) and the deletions of its node keys. Its
+// watches start at the present, which etcd serves at no cost, and live as
+// long as the round: a watch from a past revision makes etcd read every
+// change since (etcd 3.4 does so 512 watches at a time, holding up writes
+// meanwhile), and with thousands of nodes joining, a joiner's revision is
+// past by the time its watch arrives.
+type roundWatch struct {
+	ctx          context.Context
+	stop         context.CancelFunc
+	calls, nodes clientv3.WatchChan
+}
+
+// watchNews starts following round r.
+func (h *Handler) watchNews(ctx context.Context, r int) (*roundWatch, error) {
+	wctx, stop := context.WithCancel(h.life)
+	w := &roundWatch{ctx: wctx, stop: stop}
+	w.calls = h.cli.Watch(wctx, h.k(callKey(r)), clientv3.WithPrefix(), clientv3.WithCreatedNotify())
+	w.nodes = h.cli.Watch(wctx, h.k(nodesKey(r)), clientv3.WithPrefix(), clientv3.WithFilterPut(), clientv3.WithCreatedNotify())
+	if err := h.awaitCreated(ctx, r, w.calls, w.nodes); err != nil {
+		stop()
+		return nil, err
+	}
+	return w, nil
+}
+
+// awaitCreated waits until etcd has made the watches of round r.
+func (h *Handler) awaitCreated(ctx context.Context, r int, chans ...clientv3.WatchChan) error {
+	rctx, cancel := h.request(ctx)
+	defer cancel()
+	for _, ch := range chans {
+		select {
+		case wr, ok := <-ch:
+			if !ok || !wr.Created || wr.Err() != nil {
+				return fmt.Errorf("rendezvous/etcd: watch round %d: %w", r, cmp.Or(wr.Err(), errors.New("watch closed")))
+			}
+		case <-rctx.Done():
+			return h.unreachable(ctx, fmt.Sprintf("watch round %d", r), context.Cause(rctx))
 		}
-		return &snapshot{rev: ev.Kv.ModRevision, state: st, decision: &d}
 	}
 	return nil
+}
+
+// awaitNews waits until round st.round's call/ keys change after revision
+// rev (w follows them), until, one of more changes (from rev), or ctx
+// ends. It returns the decision when that is the news (decided); nil
+// otherwise: the caller reads.
+func (h *Handler) awaitNews(ctx context.Context, w *roundWatch, st jobState, rev int64, until time.Time, more ...watched) (*snapshot, error) {
+	wctx, cancel := context.WithDeadline(ctx, until)
+	defer cancel()
+	var moreNews chan struct{}
+	if len(more) > 0 {
+		moreNews = make(chan struct{}, 1)
+		go func() {
+			h.awaitChange(wctx, rev, time.Time{}, more...)
+			moreNews <- struct{}{}
+		}()
+	}
+	for {
+		select {
+		case wr, ok := <-w.calls:
+			if !ok || wr.Err() != nil || wr.Canceled {
+				// Follow the round again, from now: the read that
+				// follows covers what came between.
+				w.calls = h.cli.Watch(w.ctx, h.k(callKey(st.round)), clientv3.WithPrefix(), clientv3.WithCreatedNotify())
+				return nil, h.awaitCreated(ctx, st.round, w.calls)
+			}
+			var fresh []*clientv3.Event // what the last read did not see
+			for _, ev := range wr.Events {
+				if ev.Kv.ModRevision > rev {
+					fresh = append(fresh, ev)
+				}
+			}
+			if len(fresh) > 0 {
+				return h.decided(st, fresh), nil
+			}
+		case <-moreNews:
+			return nil, context.Cause(ctx)
+		case <-wctx.Done():
+			return nil, context.Cause(ctx)
+		}
+	}
 }
 
 // readCall fills in what the keys under round r's call/ say.
@@ -199,6 +298,16 @@ func (h *Handler) join(ctx context.Context, st jobState, lease clientv3.LeaseID,
 	o, r := h.opts, st.round
 	key := h.k(nodeKey(r, o.NodeID))
 	me, _ := json.Marshal(h.self)
+	w, err := h.watchNews(ctx, r)
+	if err != nil {
+		return nil, err
+	}
+	kept := false // w goes on following the round this node takes part in
+	defer func() {
+		if !kept {
+			w.stop()
+		}
+	}()
 	rctx, cancel := h.request(ctx)
 	// Only a node not there yet counts itself: a join made again (an
 	// attempt that timed out may have been applied) must not count
@@ -305,7 +414,8 @@ func (h *Handler) join(ctx context.Context, st jobState, lease clientv3.LeaseID,
 		case stepRetry:
 			return nil, nil
 		case stepTakePart:
-			return h.takePart(st, *s.decision, me, s.rev)
+			kept = true
+			return h.takePart(st, *s.decision, me, s.rev, w)
 		case stepVoid, stepTimedOut:
 			// Read before this node's key goes.
 			w := h.waiting(ctx, r, idx, s.there(), 0, "join timeout")
@@ -347,21 +457,17 @@ func (h *Handler) join(ctx context.Context, st jobState, lease clientv3.LeaseID,
 		if !lastCall.IsZero() && !v.lastCallDue {
 			until = minTime(until, lastCall.Add(o.LastCallTimeout))
 		}
-		// The round's call/ keys hold its news and the job's (a move
-		// puts the round's superseded key).
-		keys := []watched{{key: callKey(r), prefix: true}}
+		var more []watched
 		switch {
 		case busy:
-			keys = append(keys, watched{key: claimKey(r), deletesOnly: true})
+			more = append(more, watched{key: claimKey(r), deletesOnly: true})
 		case v.lastCallDue:
-			keys = append(keys, watched{key: arrivalsKey(r)})
+			more = append(more, watched{key: arrivalsKey(r)})
 		}
-		evs, err := h.awaitChange(ctx, s.rev, until, keys...)
-		if err != nil {
+		if news, err = h.awaitNews(ctx, w, st, s.rev, until, more...); err != nil {
 			h.giveUp(ctx, key)
 			return nil, err
 		}
-		news = h.decided(r, st, evs)
 	}
 }
 
@@ -655,7 +761,7 @@ func (h *Handler) giveUp(ctx context.Context, key string) {
 
 // takePart makes this node's round from the decision it read at rev and
 // its seat, and watches it.
-func (h *Handler) takePart(st jobState, d decision, me seat, rev int64) (*rendezvous.Round, error) {
+func (h *Handler) takePart(st jobState, d decision, me seat, rev int64, w *roundWatch) (*rendezvous.Round, error) {
 	o := h.opts
 	ri := rendezvous.NewRoundInfo(st.round, st.restarts, me.GroupRank, d.N, me.FirstRank, d.World)
 	h.mu.Lock()
@@ -663,7 +769,7 @@ func (h *Handler) takePart(st jobState, d decision, me seat, rev int64) (*rendez
 		h.self.Since = me.Since
 	}
 	h.round, h.state, h.decision = ri, st, d
-	h.stopWatch = h.watchRound(ri, st, d, rev)
+	h.stopWatch = h.watchRound(ri, st, d, rev, w)
 	h.mu.Unlock()
 	h.log.Info().Int("round", st.round).Int("restarts", st.restarts).Int("group_rank", me.GroupRank).
 		Int("nodes", d.N).Int("world_size", d.World).Msg("round complete")
@@ -676,12 +782,14 @@ func (h *Handler) takePart(st jobState, d decision, me seat, rev int64) (*rendez
 	}, nil
 }
 
-// watchRound ends ri when round st.round is superseded (the job's state
-// moves on) and supersedes it when a member's key goes (its lease lapsed,
-// or it left), until the returned stop. A broken watch is made again from
-// the revision it reached; a node cut off from etcd learns from its lease
+// watchRound ends ri when round st.round is superseded (its superseded
+// key is put, with the job's state that moves on) and supersedes it when a
+// member's key goes (its lease lapsed, or it left), until the returned
+// stop. It goes on with w, which followed the round from before the
+// decision this node read at rev. A broken watch is made again from the
+// revision it reached; a node cut off from etcd learns from its lease
 // (ensureLease).
-func (h *Handler) watchRound(ri *rendezvous.RoundInfo, st jobState, d decision, rev int64) (stop func()) {
+func (h *Handler) watchRound(ri *rendezvous.RoundInfo, st jobState, d decision, rev int64, w *roundWatch) (stop func()) {
 	ctx, cancel := context.WithCancel(h.life)
 	nodePfx := h.k(nodesKey(st.round))
 	// wasMember tells whether the node whose key went was a member, by its
@@ -703,37 +811,41 @@ func (h *Handler) watchRound(ri *rendezvous.RoundInfo, st jobState, d decision, 
 		}
 		return s, ok
 	}
+	superseded := h.k(supersededKey(st.round))
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		stateRev, nodesRev := rev+1, d.Rev+1
-		for ctx.Err() == nil {
-			wctx, wcancel := context.WithCancel(ctx)
-			state := h.cli.Watch(wctx, h.k(keyState), clientv3.WithRev(stateRev))
-			nodes := h.cli.Watch(wctx, h.k(nodesKey(st.round)), clientv3.WithPrefix(), clientv3.WithRev(nodesRev), clientv3.WithFilterPut())
-			for state != nil && nodes != nil {
+		callsRev, nodesRev := rev+1, d.Rev+1
+		calls, nodes, wcancel := w.calls, w.nodes, w.stop
+		for {
+			for calls != nil && nodes != nil {
 				select {
-				case wr, ok := <-state:
-					if !ok || wr.Err() != nil {
-						state = nil
+				case <-ctx.Done():
+					wcancel()
+					return
+				case wr, ok := <-calls:
+					if !ok || wr.Err() != nil || wr.Canceled {
+						calls = nil
 						break
 					}
-					stateRev = wr.Header.Revision + 1
+					callsRev = max(callsRev, wr.Header.Revision+1)
 					for _, ev := range wr.Events {
-						if string(ev.Kv.Value) != st.String() {
-							ri.End(h.reason(ctx, st.round))
+						if ev.Type == mvccpb.PUT && string(ev.Kv.Key) == superseded {
+							ri.End(string(ev.Kv.Value))
 							wcancel()
 							return
 						}
 					}
 				case wr, ok := <-nodes:
-					if !ok || wr.Err() != nil {
+					if !ok || wr.Err() != nil || wr.Canceled {
 						nodes = nil
 						break
 					}
-					nodesRev = wr.Header.Revision + 1
+					nodesRev = max(nodesRev, wr.Header.Revision+1)
 					for _, ev := range wr.Events {
-						if ev.Type != mvccpb.DELETE {
+						// A key gone before the decider read the
+						// members was not a member's.
+						if ev.Type != mvccpb.DELETE || ev.Kv.ModRevision <= d.Rev {
 							continue
 						}
 						m, ok := wasMember(string(ev.Kv.Key))
@@ -754,12 +866,18 @@ func (h *Handler) watchRound(ri *rendezvous.RoundInfo, st jobState, d decision, 
 				}
 			}
 			wcancel()
-			// The watch broke (a member went, a compaction): watch again,
-			// after a pause that a busy cluster can bear.
+			// The watch broke (a member went, a compaction): watch again
+			// from where it was, after a pause that a busy cluster can
+			// bear.
 			select {
 			case <-ctx.Done():
+				return
 			case <-time.After(100 * time.Millisecond):
 			}
+			var wctx context.Context
+			wctx, wcancel = context.WithCancel(ctx)
+			calls = h.cli.Watch(wctx, h.k(callKey(st.round)), clientv3.WithPrefix(), clientv3.WithRev(callsRev))
+			nodes = h.cli.Watch(wctx, nodePfx, clientv3.WithPrefix(), clientv3.WithRev(nodesRev), clientv3.WithFilterPut())
 		}
 	}()
 	return func() {
