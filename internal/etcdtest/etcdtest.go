@@ -254,3 +254,40 @@ func logTail(path string) string {
 	lines := strings.Split(strings.TrimSpace(string(b)), "\n")
 	return strings.Join(lines[max(0, len(lines)-8):], "\n")
 }
+
+// CPU is the processor time, user and system, that m's server has used
+// since it started, read from /proc; 0 where that cannot be read (not
+// Linux, or the member is not running).
+func (m *Member) CPU() time.Duration {
+	if m.cmd == nil || m.cmd.Process == nil {
+		return 0
+	}
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", m.cmd.Process.Pid))
+	if err != nil {
+		return 0
+	}
+	// The fields after the command's name, which is in parentheses and
+	// may hold spaces: utime and stime are the 12th and 13th of them.
+	s := string(b)
+	f := strings.Fields(s[strings.LastIndexByte(s, ')')+1:])
+	if len(f) < 13 {
+		return 0
+	}
+	utime, err1 := strconv.ParseInt(f[11], 10, 64)
+	stime, err2 := strconv.ParseInt(f[12], 10, 64)
+	if err1 != nil || err2 != nil {
+		return 0
+	}
+	// Linux counts them in USER_HZ ticks, 100 a second on every
+	// architecture Go runs on.
+	return time.Duration(utime+stime) * (time.Second / 100)
+}
+
+// CPU is the processor time that the cluster's members have used.
+func (c *Cluster) CPU() time.Duration {
+	var total time.Duration
+	for _, m := range c.Members {
+		total += m.CPU()
+	}
+	return total
+}

@@ -90,7 +90,7 @@ func (h *Handler) Done(ctx context.Context, timeout time.Duration) error {
 			return fmt.Errorf("rendezvous/etcd: exit barrier timeout after %v: %d of %d nodes finished round %d",
 				timeout, t.Responses[2].GetResponseRange().Count, n, r)
 		}
-		if err := h.awaitChange(ctx, st, t.Header.Revision, deadline, roundKey(r, "complete")); err != nil {
+		if _, err := h.awaitChange(ctx, t.Header.Revision, deadline, watched{key: keyState}, watched{key: roundKey(r, "complete")}); err != nil {
 			return err
 		}
 	}

@@ -313,14 +313,10 @@ func (h *Handler) ensureLease(ctx context.Context) (clientv3.LeaseID, error) {
 	if err != nil {
 		return 0, h.unreachable(ctx, "grant a lease", err)
 	}
-	ka, err := h.cli.KeepAlive(h.life, g.ID)
-	if err != nil {
-		return 0, h.unreachable(ctx, "keep the lease alive", err)
-	}
 	h.mu.Lock()
 	h.lease = g.ID
 	h.mu.Unlock()
-	go h.keepLease(g.ID, ka)
+	go h.keepLease(g.ID, time.Duration(g.TTL)*time.Second/3)
 	return g.ID, nil
 }
 
@@ -332,9 +328,22 @@ func (h *Handler) ensureLease(ctx context.Context) (clientv3.LeaseID, error) {
 // it keeps it alive again, and the round goes on; if not, or if no quorum
 // answers, this node is out of its round (the others learn it from its
 // keys, which lapse with the lease), and the next Next grants a new lease.
-func (h *Handler) keepLease(id clientv3.LeaseID, ka <-chan *clientv3.LeaseKeepAliveResponse) {
+//
+// A lease just granted lives a whole TTL: the first keep-alive goes a
+// third of it later (first), as etcd's client spaces the others, not at
+// once, which cost a busy cluster one request more per node while the
+// nodes of a round all join.
+func (h *Handler) keepLease(id clientv3.LeaseID, first time.Duration) {
+	select {
+	case <-h.life.Done():
+		return
+	case <-time.After(first):
+	}
+	ka, kerr := h.cli.KeepAlive(h.life, id)
 	for {
-		for range ka {
+		if kerr == nil {
+			for range ka {
+			}
 		}
 		if h.life.Err() != nil {
 			return
@@ -347,7 +356,7 @@ func (h *Handler) keepLease(id clientv3.LeaseID, ka <-chan *clientv3.LeaseKeepAl
 		})
 		cancel()
 		if err == nil && ttl.TTL > 0 {
-			if ka, err = h.cli.KeepAlive(h.life, id); err == nil {
+			if ka, kerr = h.cli.KeepAlive(h.life, id); kerr == nil {
 				h.log.Info().Msg("etcd answers again: this node's lease lives on")
 				continue
 			}
@@ -405,7 +414,7 @@ func (h *Handler) advance(ctx context.Context, from, to jobState, reason string)
 	defer cancel()
 	k := h.k(keyState)
 	t, err := h.kv.Txn(rctx).If(clientv3.Compare(clientv3.Value(k), "=", from.String())).
-		Then(clientv3.OpPut(k, to.String()), clientv3.OpPut(h.k(roundKey(from.round, "superseded")), reason)).
+		Then(clientv3.OpPut(k, to.String()), clientv3.OpPut(h.k(supersededKey(from.round)), reason)).
 		Else(clientv3.OpGet(k)).Commit()
 	if err != nil {
 		return jobState{}, h.unreachable(ctx, fmt.Sprintf("end round %d", from.round), err)
@@ -421,7 +430,7 @@ func (h *Handler) advance(ctx context.Context, from, to jobState, reason string)
 func (h *Handler) reason(ctx context.Context, r int) string {
 	rctx, cancel := context.WithTimeout(ctx, h.opts.CloseTimeout)
 	defer cancel()
-	if resp, err := h.kv.Get(rctx, h.k(roundKey(r, "superseded"))); err == nil && len(resp.Kvs) > 0 {
+	if resp, err := h.kv.Get(rctx, h.k(supersededKey(r))); err == nil && len(resp.Kvs) > 0 {
 		return string(resp.Kvs[0].Value)
 	}
 	return fmt.Sprintf("round %d was superseded", r)

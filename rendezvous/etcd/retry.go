@@ -2,9 +2,11 @@ package etcd
 
 import (
 	"context"
+	"errors"
 	"math/rand/v2"
 	"time"
 
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
@@ -25,15 +27,18 @@ const (
 	maxPause   = 2 * time.Second
 )
 
-// retry runs fn until it succeeds or ctx ends, each attempt bounded as
-// firstAttempt says; it returns fn's last error.
+// retry runs fn until it succeeds, fails for good, or ctx ends, each
+// attempt bounded as firstAttempt says; it returns fn's last error.
 func retry(ctx context.Context, fn func(ctx context.Context) error) error {
 	attempt, pause := firstAttempt, firstPause
 	for {
 		actx, cancel := context.WithTimeout(ctx, attempt)
 		err := fn(actx)
 		cancel()
-		if err == nil || ctx.Err() != nil {
+		if err == nil || ctx.Err() != nil || errors.Is(err, rpctypes.ErrLeaseNotFound) {
+			// A lease that lapsed stays lapsed: asking again with it,
+			// until the request's bound, held a join that an
+			// overloaded cluster answered late.
 			return err
 		}
 		attempt *= 2

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"go.etcd.io/etcd/api/v3/mvccpb"
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/gorun/gorun/rendezvous"
@@ -48,7 +49,16 @@ func (h *Handler) Next(ctx context.Context) (*rendezvous.Round, error) {
 			return nil, err
 		}
 		rd, err := h.join(ctx, st, lease, &deadline)
-		if rd != nil || err != nil {
+		if errors.Is(err, rpctypes.ErrLeaseNotFound) {
+			// The lease lapsed before the join (a cluster too busy to
+			// renew it, a long pause): join again with a new one.
+			h.log.Warn().Int("round", st.round).Msg("this node's etcd lease lapsed as it joined: joining with a new one")
+			h.mu.Lock()
+			if h.lease == lease {
+				h.lease = 0
+			}
+			h.mu.Unlock()
+		} else if rd != nil || err != nil {
 			return rd, err
 		}
 		if st, _, err = h.readState(ctx); err != nil {
@@ -111,6 +121,127 @@ type snapshot struct {
 	arrivals int
 	lastCall bool
 	decision *decision
+	// short is the last shortage a decider found, if any.
+	short *shortage
+}
+
+// shortage is what a decider that found too few nodes recorded: found
+// were there when arrivals had joined.
+type shortage struct{ arrivals, found int }
+
+// there is how many nodes are in the round, as far as the joiners know:
+// the joins counted, less those a decider found withdrawn.
+func (s snapshot) there() int {
+	if s.short != nil && s.arrivals >= s.short.arrivals {
+		return s.short.found + s.arrivals - s.short.arrivals
+	}
+	return s.arrivals
+}
+
+// decided returns, when events hold round st.round's decision, what a
+// snapshot taken then would show, sparing every joiner a read as the round
+// forms: the transaction that put it found the job's state still st. With
+// the round superseded too, it returns nil: the caller reads.
+func (h *Handler) decided(st jobState, evs []*clientv3.Event) *snapshot {
+	var news *snapshot
+	for _, ev := range evs {
+		switch string(ev.Kv.Key) {
+		case h.k(supersededKey(st.round)):
+			return nil
+		case h.k(finalKey(st.round)):
+			var d decision
+			if ev.Type != mvccpb.PUT || json.Unmarshal(ev.Kv.Value, &d) != nil {
+				return nil // the read that follows says what is wrong
+			}
+			news = &snapshot{rev: ev.Kv.ModRevision, state: st, decision: &d}
+		}
+	}
+	return news
+}
+
+// roundWatch follows a round from before this node joins it until the
+// node leaves it: the keys under its call/ (the last call, the decision, a
+// shortage, the supersede marker) and the deletions of its node keys. Its
+// watches start at the present, which etcd serves at no cost, and live as
+// long as the round: a watch from a past revision makes etcd read every
+// change since (etcd 3.4 does so 512 watches at a time, holding up writes
+// meanwhile), and with thousands of nodes joining, a joiner's revision is
+// past by the time its watch arrives.
+type roundWatch struct {
+	ctx          context.Context
+	stop         context.CancelFunc
+	calls, nodes clientv3.WatchChan
+}
+
+// watchNews starts following round r.
+func (h *Handler) watchNews(ctx context.Context, r int) (*roundWatch, error) {
+	wctx, stop := context.WithCancel(h.life)
+	w := &roundWatch{ctx: wctx, stop: stop}
+	w.calls = h.cli.Watch(wctx, h.k(callKey(r)), clientv3.WithPrefix(), clientv3.WithCreatedNotify())
+	w.nodes = h.cli.Watch(wctx, h.k(nodesKey(r)), clientv3.WithPrefix(), clientv3.WithFilterPut(), clientv3.WithCreatedNotify())
+	if err := h.awaitCreated(ctx, r, w.calls, w.nodes); err != nil {
+		stop()
+		return nil, err
+	}
+	return w, nil
+}
+
+// awaitCreated waits until etcd has made the watches of round r.
+func (h *Handler) awaitCreated(ctx context.Context, r int, chans ...clientv3.WatchChan) error {
+	rctx, cancel := h.request(ctx)
+	defer cancel()
+	for _, ch := range chans {
+		select {
+		case wr, ok := <-ch:
+			if !ok || !wr.Created || wr.Err() != nil {
+				return fmt.Errorf("rendezvous/etcd: watch round %d: %w", r, cmp.Or(wr.Err(), errors.New("watch closed")))
+			}
+		case <-rctx.Done():
+			return h.unreachable(ctx, fmt.Sprintf("watch round %d", r), context.Cause(rctx))
+		}
+	}
+	return nil
+}
+
+// awaitNews waits until round st.round's call/ keys change after revision
+// rev (w follows them), until, one of more changes (from rev), or ctx
+// ends. It returns the decision when that is the news (decided); nil
+// otherwise: the caller reads.
+func (h *Handler) awaitNews(ctx context.Context, w *roundWatch, st jobState, rev int64, until time.Time, more ...watched) (*snapshot, error) {
+	wctx, cancel := context.WithDeadline(ctx, until)
+	defer cancel()
+	var moreNews chan struct{}
+	if len(more) > 0 {
+		moreNews = make(chan struct{}, 1)
+		go func() {
+			h.awaitChange(wctx, rev, time.Time{}, more...)
+			moreNews <- struct{}{}
+		}()
+	}
+	for {
+		select {
+		case wr, ok := <-w.calls:
+			if !ok || wr.Err() != nil || wr.Canceled {
+				// Follow the round again, from now: the read that
+				// follows covers what came between.
+				w.calls = h.cli.Watch(w.ctx, h.k(callKey(st.round)), clientv3.WithPrefix(), clientv3.WithCreatedNotify())
+				return nil, h.awaitCreated(ctx, st.round, w.calls)
+			}
+			var fresh []*clientv3.Event // what the last read did not see
+			for _, ev := range wr.Events {
+				if ev.Kv.ModRevision > rev {
+					fresh = append(fresh, ev)
+				}
+			}
+			if len(fresh) > 0 {
+				return h.decided(st, fresh), nil
+			}
+		case <-moreNews:
+			return nil, context.Cause(ctx)
+		case <-wctx.Done():
+			return nil, context.Cause(ctx)
+		}
+	}
 }
 
 // readCall fills in what the keys under round r's call/ say.
@@ -125,6 +256,12 @@ func (h *Handler) readCall(r int, kvs []*mvccpb.KeyValue, s *snapshot) error {
 				return fmt.Errorf("rendezvous/etcd: decision of round %d: %w", r, err)
 			}
 			s.decision = &d
+		case h.k(shortKey(r)):
+			var sh shortage
+			if _, err := fmt.Sscan(string(kv.Value), &sh.arrivals, &sh.found); err != nil {
+				return fmt.Errorf("rendezvous/etcd: shortage of round %d: %w", r, err)
+			}
+			s.short = &sh
 		}
 	}
 	return nil
@@ -161,6 +298,16 @@ func (h *Handler) join(ctx context.Context, st jobState, lease clientv3.LeaseID,
 	o, r := h.opts, st.round
 	key := h.k(nodeKey(r, o.NodeID))
 	me, _ := json.Marshal(h.self)
+	w, err := h.watchNews(ctx, r)
+	if err != nil {
+		return nil, err
+	}
+	kept := false // w goes on following the round this node takes part in
+	defer func() {
+		if !kept {
+			w.stop()
+		}
+	}()
 	rctx, cancel := h.request(ctx)
 	// Only a node not there yet counts itself: a join made again (an
 	// attempt that timed out may have been applied) must not count
@@ -204,29 +351,33 @@ func (h *Handler) join(ctx context.Context, st jobState, lease clientv3.LeaseID,
 		h.giveUp(ctx, key)
 		return nil, err
 	}
-	if s.arrivals >= o.MinNodes && !s.lastCall {
+	// A join that fills the round decides it at once: a last call would
+	// only wake every joiner for nothing.
+	if there := s.there(); there >= o.MinNodes && there < o.MaxNodes && !s.lastCall {
 		h.openLastCall(ctx, r)
 	}
 
 	var lastCall time.Time // when this node saw MinNodes arrivals
 	start := o.Now()
 	var reported time.Time // the last progress report
+	var news *snapshot     // the decision, as the wait's events told it
 	for first := true; ; first = false {
-		if !first {
+		if news != nil {
+			// What the wait did not tell stays as last read.
+			news.arrivals, news.lastCall, news.short = s.arrivals, s.lastCall, s.short
+			s, news = *news, nil
+		} else if !first {
 			if s, err = h.snapshot(ctx, r); err != nil {
 				h.giveUp(ctx, key)
 				return nil, err
 			}
 		}
-		// Fewer nodes than counted are there: some withdrew; wait
-		// for another to join too.
-		short := false
 		now := o.Now()
-		if (s.lastCall || s.arrivals >= o.MinNodes) && lastCall.IsZero() {
+		if (s.lastCall || s.there() >= o.MinNodes) && lastCall.IsZero() {
 			lastCall = now
 		}
 		v := view{
-			moved: s.state != st, arrivals: s.arrivals, decided: s.decision != nil,
+			moved: s.state != st, arrivals: s.there(), decided: s.decision != nil,
 			lastCallDue:  !lastCall.IsZero() && !now.Before(lastCall.Add(o.LastCallTimeout)),
 			pastDeadline: !now.Before(*deadline),
 			minNodes:     o.MinNodes, maxNodes: o.MaxNodes,
@@ -240,42 +391,43 @@ func (h *Handler) join(ctx context.Context, st jobState, lease clientv3.LeaseID,
 			}
 		}
 		step := nextStep(v)
+		busy := false // another node decides the round
 		if step == stepDecide {
 			// Full, unless at the last call or the deadline.
 			need := o.MaxNodes
 			if v.lastCallDue || v.pastDeadline {
 				need = o.MinNodes
 			}
-			decided, found, err := h.decide(ctx, st, need)
+			verdict, rev, err := h.decide(ctx, st, need, lease)
 			if err != nil {
 				h.giveUp(ctx, key)
 				return nil, err
 			}
-			if decided {
+			if verdict != verdictBusy {
+				// Decided, or too few there (recorded): look again.
 				continue
 			}
-			// Fewer than need are there: go by the nodes there.
-			short = true
-			s.arrivals, v.arrivals = found, found
-			step = nextStep(v)
+			// Wait for the decider's word, or for its claim to lapse.
+			busy, step, s.rev = true, stepWait, rev
 		}
 		switch step {
 		case stepRetry:
 			return nil, nil
 		case stepTakePart:
-			return h.takePart(st, *s.decision, me, s.rev)
+			kept = true
+			return h.takePart(st, *s.decision, me, s.rev, w)
 		case stepVoid, stepTimedOut:
 			// Read before this node's key goes.
-			w := h.waiting(ctx, r, idx, s.arrivals, 0, "join timeout")
-			if _, _, err := h.decide(ctx, st, 0); err != nil {
+			w := h.waiting(ctx, r, idx, s.there(), 0, "join timeout")
+			if _, _, err := h.decide(ctx, st, 0, lease); err != nil {
 				h.log.Warn().Err(err).Int("round", r).Msg("could not void the round")
 			}
 			h.giveUp(ctx, key)
 			return nil, fmt.Errorf("%w after %v: %d of min %d nodes joined round %d; missing: %s",
-				rendezvous.ErrJoinTimeout, o.JoinTimeout, s.arrivals, o.MinNodes, r, w.MissingText())
+				rendezvous.ErrJoinTimeout, o.JoinTimeout, s.there(), o.MinNodes, r, w.MissingText())
 		case stepSpare:
 			h.log.Info().Int("round", r).Msg("round is full: waiting as a spare")
-			if err := h.awaitChange(ctx, st, s.rev, time.Time{}); err != nil {
+			if _, err := h.awaitChange(ctx, s.rev, time.Time{}, watched{key: keyState}); err != nil {
 				h.giveUp(ctx, key)
 				return nil, err
 			}
@@ -292,20 +444,27 @@ func (h *Handler) join(ctx context.Context, st jobState, lease clientv3.LeaseID,
 			if !lastCall.IsZero() {
 				left, until = lastCall.Add(o.LastCallTimeout).Sub(now), "last call"
 			}
-			h.waiting(ctx, r, idx, s.arrivals, left, until).Log(h.log)
+			h.waiting(ctx, r, idx, s.there(), left, until).Log(h.log)
 			reported = now
 		}
-		// Wait for the last call, the deadline, a roster, a move or the
-		// next progress report.
-		until := minTime(*deadline, rendezvous.NextProgress(start, reported))
-		if !lastCall.IsZero() && !short {
+		// Wait for the last call, the deadline, a decision, a move or the
+		// next progress report; for the decider's word, or its claim to
+		// lapse; and, too few there after the last call, for a join.
+		until := rendezvous.NextProgress(start, reported)
+		if !v.pastDeadline {
+			until = minTime(until, *deadline)
+		}
+		if !lastCall.IsZero() && !v.lastCallDue {
 			until = minTime(until, lastCall.Add(o.LastCallTimeout))
 		}
-		prefixes := []string{callKey(r)}
-		if short {
-			prefixes = append(prefixes, nodesKey(r))
+		var more []watched
+		switch {
+		case busy:
+			more = append(more, watched{key: claimKey(r), deletesOnly: true})
+		case v.lastCallDue:
+			more = append(more, watched{key: arrivalsKey(r)})
 		}
-		if err := h.awaitChange(ctx, st, s.rev, until, prefixes...); err != nil {
+		if news, err = h.awaitNews(ctx, w, st, s.rev, until, more...); err != nil {
 			h.giveUp(ctx, key)
 			return nil, err
 		}
@@ -358,10 +517,17 @@ func (h *Handler) openLastCall(ctx context.Context, r int) {
 	_, _ = h.kv.Txn(rctx).If(clientv3.Compare(clientv3.CreateRevision(k), "=", 0)).Then(clientv3.OpPut(k, "")).Commit()
 }
 
-// awaitChange watches, from revision rev+1, the job's state and the keys
-// under prefixes (relative), until one changes, until (when not zero), or
-// ctx ends.
-func (h *Handler) awaitChange(ctx context.Context, st jobState, rev int64, until time.Time, prefixes ...string) error {
+// watched is a key (relative) that awaitChange watches: with prefix, the
+// keys under it; with deletesOnly, its deletion alone.
+type watched struct {
+	key                 string
+	prefix, deletesOnly bool
+}
+
+// awaitChange watches keys from revision rev+1 until one changes, until
+// (when not zero), or ctx ends. It returns the events that woke it, if
+// any: one watch's first answer.
+func (h *Handler) awaitChange(ctx context.Context, rev int64, until time.Time, keys ...watched) ([]*clientv3.Event, error) {
 	wctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	if !until.IsZero() {
@@ -369,24 +535,31 @@ func (h *Handler) awaitChange(ctx context.Context, st jobState, rev int64, until
 		wctx, c2 = context.WithDeadline(wctx, until)
 		defer c2()
 	}
-	changed := make(chan struct{}, 1+len(prefixes))
-	follow := func(ch clientv3.WatchChan) {
+	changed := make(chan []*clientv3.Event, len(keys))
+	for _, w := range keys {
+		opts := []clientv3.OpOption{clientv3.WithRev(rev + 1)}
+		if w.prefix {
+			opts = append(opts, clientv3.WithPrefix())
+		}
+		if w.deletesOnly {
+			opts = append(opts, clientv3.WithFilterPut())
+		}
+		ch := h.cli.Watch(wctx, h.k(w.key), opts...)
 		go func() {
-			for range ch {
-				changed <- struct{}{}
+			// An answer without events (the watch broke) is news too:
+			// the caller reads again.
+			for wr := range ch {
+				changed <- wr.Events
 				return
 			}
 		}()
 	}
-	follow(h.cli.Watch(wctx, h.k(keyState), clientv3.WithRev(rev+1)))
-	for _, p := range prefixes {
-		follow(h.cli.Watch(wctx, h.k(p), clientv3.WithPrefix(), clientv3.WithRev(rev+1)))
-	}
+	var evs []*clientv3.Event
 	select {
-	case <-changed:
+	case evs = <-changed:
 	case <-wctx.Done():
 	}
-	return context.Cause(ctx)
+	return evs, context.Cause(ctx)
 }
 
 // seatOf reads member id's seat in round r, decided as d; ok is false
@@ -459,31 +632,90 @@ func (h *Handler) putSeats(ctx context.Context, r int, by string, seats []seat) 
 	return <-errs
 }
 
+// verdict is what a try to decide a round came to.
+type verdict int
+
+const (
+	verdictDone  verdict = iota // decided, by this node or another, or the job moved on
+	verdictShort                // fewer than needed were there: recorded for all
+	verdictBusy                 // another node is deciding it
+)
+
 // decide fixes round st.round's members, unless fixed already: its first
 // MaxNodes joiners, by arrival, if at least need are there, or none when
-// need is 0 (void). It writes their seats first, under its own name, so
-// that a member that sees the decision finds its seat; a decider that
-// loses the race leaves seats that nobody reads. It returns false, having
-// decided nothing, when fewer than need are there (some withdrew), and
-// how many are.
-func (h *Handler) decide(ctx context.Context, st jobState, need int) (decided bool, found int, err error) {
+// need is 0 (void). Only the holder of the round's claim, on its lease,
+// decides: the others wait for its word (verdictBusy, with the revision
+// at which they saw the claim held), so that the O(n) read of the members
+// and write of their seats happens once a round, not once per node that
+// saw it full. The decider writes the seats first, under its own name, so
+// that a member that sees the decision finds its seat; one whose claim
+// lapsed midway leaves seats that nobody reads. Fewer than need there
+// (some withdrew), it records how many (verdictShort) for every joiner to
+// count from.
+func (h *Handler) decide(ctx context.Context, st jobState, need int, lease clientv3.LeaseID) (verdict, int64, error) {
 	o, r := h.opts, st.round
 	rctx, cancel := h.request(ctx)
 	defer cancel()
+	final, claim := h.k(finalKey(r)), h.k(claimKey(r))
+	open := []clientv3.Cmp{
+		clientv3.Compare(clientv3.Value(h.k(keyState)), "=", st.String()),
+		clientv3.Compare(clientv3.CreateRevision(final), "=", 0),
+	}
+	fail := func(err error) (verdict, int64, error) {
+		return verdictDone, 0, h.unreachable(ctx, fmt.Sprintf("decide round %d", r), err)
+	}
 	var d decision
 	if need > 0 {
-		resp, err := h.kv.Get(rctx, h.k(nodesKey(r)), clientv3.WithPrefix(),
-			clientv3.WithSort(clientv3.SortByCreateRevision, clientv3.SortAscend), clientv3.WithLimit(int64(o.MaxNodes)))
+		t, err := h.kv.Txn(rctx).If(append(open, clientv3.Compare(clientv3.CreateRevision(claim), "=", 0))...).
+			Then(clientv3.OpPut(claim, o.NodeID, clientv3.WithLease(lease))).
+			Else(clientv3.OpGet(claim)).Commit()
 		if err != nil {
-			return false, 0, h.unreachable(ctx, fmt.Sprintf("decide round %d", r), err)
+			return fail(err)
 		}
-		if len(resp.Kvs) < need {
-			return false, len(resp.Kvs), nil
+		claimed := t.Header.Revision
+		if !t.Succeeded {
+			kvs := t.Responses[0].GetResponseRange().Kvs
+			switch {
+			case len(kvs) == 0:
+				return verdictDone, 0, nil // decided, or the job moved on
+			case string(kvs[0].Value) != o.NodeID:
+				return verdictBusy, t.Header.Revision, nil
+			}
+			// An earlier attempt claimed it.
+			claimed = kvs[0].CreateRevision
 		}
-		ms := make([]member, len(resp.Kvs))
-		for i, kv := range resp.Kvs {
+		ours := clientv3.Compare(clientv3.CreateRevision(claim), "=", claimed)
+		// release gives the claim up, with ops, even when ctx ended.
+		release := func(ops ...clientv3.Op) error {
+			rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), h.opts.RequestTimeout)
+			defer cancel()
+			_, err := h.kv.Txn(rctx).If(ours).Then(append(ops, clientv3.OpDelete(claim))...).Commit()
+			return err
+		}
+		t, err = h.kv.Txn(rctx).Then(
+			clientv3.OpGet(h.k(nodesKey(r)), clientv3.WithPrefix(),
+				clientv3.WithSort(clientv3.SortByCreateRevision, clientv3.SortAscend), clientv3.WithLimit(int64(o.MaxNodes))),
+			clientv3.OpGet(h.k(arrivalsKey(r)))).Commit()
+		if err != nil {
+			_ = release()
+			return fail(err)
+		}
+		kvs := t.Responses[0].GetResponseRange().Kvs
+		if len(kvs) < need {
+			arrivals := 0
+			if a := t.Responses[1].GetResponseRange().Kvs; len(a) > 0 {
+				arrivals = int(a[0].Version)
+			}
+			if err := release(clientv3.OpPut(h.k(shortKey(r)), fmt.Sprintf("%d %d", arrivals, len(kvs)))); err != nil {
+				return fail(err)
+			}
+			return verdictShort, 0, nil
+		}
+		ms := make([]member, len(kvs))
+		for i, kv := range kvs {
 			if err := json.Unmarshal(kv.Value, &ms[i]); err != nil {
-				return false, 0, fmt.Errorf("rendezvous/etcd: member %s of round %d: %w", kv.Key, r, err)
+				_ = release()
+				return verdictDone, 0, fmt.Errorf("rendezvous/etcd: member %s of round %d: %w", kv.Key, r, err)
 			}
 			ms[i].arrival = kv.CreateRevision
 			if ms[i].Since == 0 {
@@ -493,23 +725,23 @@ func (h *Handler) decide(ctx context.Context, st jobState, need int) (decided bo
 			}
 		}
 		var seats []seat
-		d, seats = roster{Rev: resp.Header.Revision, Nodes: order(ms)}.decide(o.NodeID)
+		d, seats = roster{Rev: t.Header.Revision, Nodes: order(ms)}.decide(o.NodeID)
 		if err := h.putSeats(rctx, r, o.NodeID, seats); err != nil {
-			return false, 0, h.unreachable(ctx, fmt.Sprintf("decide round %d", r), err)
+			_ = release()
+			return fail(err)
 		}
 	}
 	b, err := json.Marshal(d)
 	if err != nil {
-		return false, 0, err
+		return verdictDone, 0, err
 	}
-	k := h.k(finalKey(r))
-	_, err = h.kv.Txn(rctx).If(clientv3.Compare(clientv3.CreateRevision(k), "=", 0),
-		clientv3.Compare(clientv3.Value(h.k(keyState)), "=", st.String())).
-		Then(clientv3.OpPut(k, string(b))).Commit()
+	// The claim goes with the decision, or once the decision is moot.
+	_, err = h.kv.Txn(rctx).If(open...).Then(clientv3.OpPut(final, string(b)), clientv3.OpDelete(claim)).
+		Else(clientv3.OpDelete(claim)).Commit()
 	if err != nil {
-		return false, 0, h.unreachable(ctx, fmt.Sprintf("decide round %d", r), err)
+		return fail(err)
 	}
-	return true, d.N, nil
+	return verdictDone, 0, nil
 }
 
 // giveUp takes this node's key out of a round it stops joining: at once
@@ -529,7 +761,7 @@ func (h *Handler) giveUp(ctx context.Context, key string) {
 
 // takePart makes this node's round from the decision it read at rev and
 // its seat, and watches it.
-func (h *Handler) takePart(st jobState, d decision, me seat, rev int64) (*rendezvous.Round, error) {
+func (h *Handler) takePart(st jobState, d decision, me seat, rev int64, w *roundWatch) (*rendezvous.Round, error) {
 	o := h.opts
 	ri := rendezvous.NewRoundInfo(st.round, st.restarts, me.GroupRank, d.N, me.FirstRank, d.World)
 	h.mu.Lock()
@@ -537,7 +769,7 @@ func (h *Handler) takePart(st jobState, d decision, me seat, rev int64) (*rendez
 		h.self.Since = me.Since
 	}
 	h.round, h.state, h.decision = ri, st, d
-	h.stopWatch = h.watchRound(ri, st, d, rev)
+	h.stopWatch = h.watchRound(ri, st, d, rev, w)
 	h.mu.Unlock()
 	h.log.Info().Int("round", st.round).Int("restarts", st.restarts).Int("group_rank", me.GroupRank).
 		Int("nodes", d.N).Int("world_size", d.World).Msg("round complete")
@@ -550,12 +782,14 @@ func (h *Handler) takePart(st jobState, d decision, me seat, rev int64) (*rendez
 	}, nil
 }
 
-// watchRound ends ri when round st.round is superseded (the job's state
-// moves on) and supersedes it when a member's key goes (its lease lapsed,
-// or it left), until the returned stop. A broken watch is made again from
-// the revision it reached; a node cut off from etcd learns from its lease
+// watchRound ends ri when round st.round is superseded (its superseded
+// key is put, with the job's state that moves on) and supersedes it when a
+// member's key goes (its lease lapsed, or it left), until the returned
+// stop. It goes on with w, which followed the round from before the
+// decision this node read at rev. A broken watch is made again from the
+// revision it reached; a node cut off from etcd learns from its lease
 // (ensureLease).
-func (h *Handler) watchRound(ri *rendezvous.RoundInfo, st jobState, d decision, rev int64) (stop func()) {
+func (h *Handler) watchRound(ri *rendezvous.RoundInfo, st jobState, d decision, rev int64, w *roundWatch) (stop func()) {
 	ctx, cancel := context.WithCancel(h.life)
 	nodePfx := h.k(nodesKey(st.round))
 	// wasMember tells whether the node whose key went was a member, by its
@@ -577,37 +811,41 @@ func (h *Handler) watchRound(ri *rendezvous.RoundInfo, st jobState, d decision, 
 		}
 		return s, ok
 	}
+	superseded := h.k(supersededKey(st.round))
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		stateRev, nodesRev := rev+1, d.Rev+1
-		for ctx.Err() == nil {
-			wctx, wcancel := context.WithCancel(ctx)
-			state := h.cli.Watch(wctx, h.k(keyState), clientv3.WithRev(stateRev))
-			nodes := h.cli.Watch(wctx, h.k(nodesKey(st.round)), clientv3.WithPrefix(), clientv3.WithRev(nodesRev), clientv3.WithFilterPut())
-			for state != nil && nodes != nil {
+		callsRev, nodesRev := rev+1, d.Rev+1
+		calls, nodes, wcancel := w.calls, w.nodes, w.stop
+		for {
+			for calls != nil && nodes != nil {
 				select {
-				case wr, ok := <-state:
-					if !ok || wr.Err() != nil {
-						state = nil
+				case <-ctx.Done():
+					wcancel()
+					return
+				case wr, ok := <-calls:
+					if !ok || wr.Err() != nil || wr.Canceled {
+						calls = nil
 						break
 					}
-					stateRev = wr.Header.Revision + 1
+					callsRev = max(callsRev, wr.Header.Revision+1)
 					for _, ev := range wr.Events {
-						if string(ev.Kv.Value) != st.String() {
-							ri.End(h.reason(ctx, st.round))
+						if ev.Type == mvccpb.PUT && string(ev.Kv.Key) == superseded {
+							ri.End(string(ev.Kv.Value))
 							wcancel()
 							return
 						}
 					}
 				case wr, ok := <-nodes:
-					if !ok || wr.Err() != nil {
+					if !ok || wr.Err() != nil || wr.Canceled {
 						nodes = nil
 						break
 					}
-					nodesRev = wr.Header.Revision + 1
+					nodesRev = max(nodesRev, wr.Header.Revision+1)
 					for _, ev := range wr.Events {
-						if ev.Type != mvccpb.DELETE {
+						// A key gone before the decider read the
+						// members was not a member's.
+						if ev.Type != mvccpb.DELETE || ev.Kv.ModRevision <= d.Rev {
 							continue
 						}
 						m, ok := wasMember(string(ev.Kv.Key))
@@ -628,12 +866,18 @@ func (h *Handler) watchRound(ri *rendezvous.RoundInfo, st jobState, d decision, 
 				}
 			}
 			wcancel()
-			// The watch broke (a member went, a compaction): watch again,
-			// after a pause that a busy cluster can bear.
+			// The watch broke (a member went, a compaction): watch again
+			// from where it was, after a pause that a busy cluster can
+			// bear.
 			select {
 			case <-ctx.Done():
+				return
 			case <-time.After(100 * time.Millisecond):
 			}
+			var wctx context.Context
+			wctx, wcancel = context.WithCancel(ctx)
+			calls = h.cli.Watch(wctx, h.k(callKey(st.round)), clientv3.WithPrefix(), clientv3.WithRev(callsRev))
+			nodes = h.cli.Watch(wctx, nodePfx, clientv3.WithPrefix(), clientv3.WithRev(nodesRev), clientv3.WithFilterPut())
 		}
 	}()
 	return func() {

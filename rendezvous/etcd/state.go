@@ -18,8 +18,15 @@ import (
 //	round/<r>/arrivals          put by every joiner as it joins: its version
 //	                            counts the joins, its previous version is
 //	                            the joiner's arrival index
-//	round/<r>/call/last         created by the first joiner that sees MinNodes:
-//	                            the last call is open
+//	round/<r>/call/last         created by the first joiner that sees MinNodes
+//	                            (below MaxNodes): the last call is open
+//	round/<r>/call/short        "<arrivals> <found>": when arrivals had joined,
+//	                            a decider found only found of them there (the
+//	                            others withdrew); every joiner counts from it
+//	round/<r>/decider           the node deciding the round now, on its lease:
+//	                            only its holder reads the members and writes
+//	                            their seats, O(n), where every joiner that
+//	                            saw the round full did, O(n²)
 //	round/<r>/call/final        the decision, created once by a transaction:
 //	                            who decided, how many take part (0 voids the
 //	                            round), from which revision; O(1) bytes, since
@@ -28,7 +35,9 @@ import (
 //	                            that decided the round, before the decision:
 //	                            each member reads its own, O(1) bytes, where a
 //	                            roster read by everyone cost the round O(n²)
-//	round/<r>/superseded        why round r ended, put with the state that ends it
+//	round/<r>/call/superseded   why round r ended, put with the state that ends
+//	                            it: under call/, so that a joiner needs one
+//	                            watch for the round's news and the job's
 //	round/<r>/weighing/<id>     on its lease: the node weighs a failure
 //	round/<r>/done/<id>         the node's workers all succeeded
 //	round/<r>/complete          put by the last of them: the exit barrier
@@ -47,6 +56,9 @@ func nodeKey(r int, id string) string { return nodesKey(r) + id }
 func callKey(r int) string            { return roundKey(r, "call/") }
 func lastCallKey(r int) string        { return callKey(r) + "last" }
 func finalKey(r int) string           { return callKey(r) + "final" }
+func shortKey(r int) string           { return callKey(r) + "short" }
+func supersededKey(r int) string      { return callKey(r) + "superseded" }
+func claimKey(r int) string           { return roundKey(r, "decider") }
 
 // jobState is the one register that every transition of the job goes
 // through: moving it from round r to r+1 in a transaction supersedes round

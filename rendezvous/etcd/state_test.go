@@ -98,3 +98,20 @@ func ids(ms []member) []string {
 	}
 	return s
 }
+
+func TestThere(t *testing.T) {
+	cases := []struct {
+		name string
+		s    snapshot
+		want int
+	}{
+		{"no shortage: the joins counted", snapshot{arrivals: 5}, 5},
+		{"a decider found two withdrawn", snapshot{arrivals: 5, short: &shortage{arrivals: 5, found: 3}}, 3},
+		{"and one joined since", snapshot{arrivals: 6, short: &shortage{arrivals: 5, found: 3}}, 4},
+	}
+	for _, c := range cases {
+		if got := c.s.there(); got != c.want {
+			t.Errorf("%s: there() = %d, want %d", c.name, got, c.want)
+		}
+	}
+}
