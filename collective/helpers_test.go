@@ -198,15 +198,3 @@ func closeDuringAllReduce(t *testing.T, ctx context.Context, comms []Comm, victi
 		}
 	}
 }
-
-// fewestAllocs is the fewest allocations per call of run over a few
-// measurements: the counts are the process's, and goroutines that earlier
-// tests left winding down may allocate during one; a collective that
-// allocates does so in every one.
-func fewestAllocs(run func()) float64 {
-	allocs := testing.AllocsPerRun(20, run)
-	for range 2 {
-		allocs = min(allocs, testing.AllocsPerRun(20, run))
-	}
-	return allocs
-}

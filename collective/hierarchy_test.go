@@ -219,48 +219,6 @@ func TestHierarchicalPeerDeath(t *testing.T) {
 	}
 }
 
-// TestHierarchicalAllocatesNothing: once warm, hierarchical collectives
-// allocate nothing.
-func TestHierarchicalAllocatesNothing(t *testing.T) {
-	if raceEnabled {
-		t.Skip("allocations are not counted under the race detector")
-	}
-	comms := hostsWorld(t, []int{0, 0, 1, 1}, TCPOptions{Algorithm: "hier"})
-	loop := newRankLoop(t, comms)
-	ctx := context.Background()
-	for _, size := range []int{8, 64 << 10, 3 << 20} {
-		bufs := make([][]byte, len(comms))
-		for r := range bufs {
-			bufs[r] = make([]byte, size)
-		}
-		calls := map[string]func(r int, c Comm) error{
-			"all_reduce": func(r int, c Comm) error { return c.AllReduce(ctx, bufs[r], Float32, Sum) },
-			"broadcast":  func(r int, c Comm) error { return c.Broadcast(ctx, bufs[r], Float32, 3) },
-			"barrier":    func(r int, c Comm) error { return c.Barrier(ctx) },
-		}
-		for name, f := range calls {
-			t.Run(fmt.Sprintf("%s/%dB", name, size), func(t *testing.T) {
-				var err error
-				run := func() {
-					if e := loop.step(f); e != nil && err == nil {
-						err = e
-					}
-				}
-				for range 5 {
-					run()
-				}
-				allocs := fewestAllocs(run)
-				if err != nil {
-					t.Fatal(err)
-				}
-				if allocs != 0 {
-					t.Errorf("%v allocations per call", allocs)
-				}
-			})
-		}
-	}
-}
-
 // BenchmarkHierarchicalAllReduce compares, on 2 hosts of 2 ranks faked
 // in this process (TCP between them), the hierarchical all_reduce with
 // the flat algorithms GORUN_ALGO can force.
