@@ -34,15 +34,28 @@ func countFDs() (int, error) {
 	return 0, os.ErrNotExist
 }
 
+// socketOf is nc's socket, if nc gives access to it.
+func socketOf(nc net.Conn) (syscall.RawConn, bool) {
+	sc, ok := nc.(syscall.Conn)
+	if !ok {
+		return nil, false
+	}
+	rc, err := sc.SyscallConn()
+	return rc, err == nil
+}
+
+// peekInput reports whether bytes wait in fd's socket, leaving them there.
+func peekInput(fd uintptr) (pending, wouldBlock bool) {
+	var peek [1]byte
+	n, _, err := syscall.Recvfrom(int(fd), peek[:], syscall.MSG_PEEK|syscall.MSG_DONTWAIT)
+	return err == nil && n > 0, err == syscall.EAGAIN
+}
+
 // readAvailable reads what the kernel already holds for nc without
 // waiting: 0 bytes when nothing has arrived.
 func readAvailable(nc net.Conn, p []byte) int {
-	sc, ok := nc.(syscall.Conn)
+	rc, ok := socketOf(nc)
 	if !ok {
-		return 0
-	}
-	rc, err := sc.SyscallConn()
-	if err != nil {
 		return 0
 	}
 	var n int
@@ -63,20 +76,15 @@ func waitReadable(nc net.Conn) error {
 	if w, ok := nc.(readableWaiter); ok {
 		return w.waitReadable()
 	}
-	sc, ok := nc.(syscall.Conn)
+	rc, ok := socketOf(nc)
 	if !ok {
 		return errors.ErrUnsupported
 	}
-	rc, err := sc.SyscallConn()
-	if err != nil {
-		return errors.ErrUnsupported
-	}
-	var peek [1]byte
 	return rc.Read(func(fd uintptr) bool {
 		// Peek rather than trust the poller's last word: bytes left in the
 		// socket by a read that filled its buffer raise no new event.
-		_, _, err := syscall.Recvfrom(int(fd), peek[:], syscall.MSG_PEEK|syscall.MSG_DONTWAIT)
-		return err != syscall.EAGAIN
+		_, wouldBlock := peekInput(fd)
+		return !wouldBlock
 	})
 }
 
@@ -87,19 +95,11 @@ func hasInput(nc net.Conn) bool {
 	if w, ok := nc.(readableWaiter); ok {
 		return w.hasInput()
 	}
-	sc, ok := nc.(syscall.Conn)
+	rc, ok := socketOf(nc)
 	if !ok {
 		return false
 	}
-	rc, err := sc.SyscallConn()
-	if err != nil {
-		return false
-	}
 	pending := false
-	_ = rc.Control(func(fd uintptr) {
-		var peek [1]byte
-		n, _, err := syscall.Recvfrom(int(fd), peek[:], syscall.MSG_PEEK|syscall.MSG_DONTWAIT)
-		pending = err == nil && n > 0
-	})
+	_ = rc.Control(func(fd uintptr) { pending, _ = peekInput(fd) })
 	return pending
 }
