@@ -85,13 +85,12 @@ func MayHave(t testing.TB, err error, what, install string) {
 // act carries out v; msg names what is missing and how to install it.
 func act(t testing.TB, v Verdict, msg string) {
 	t.Helper()
-	if v == Run {
-		return
-	}
-	if v == Fail {
+	switch v {
+	case Fail:
 		t.Fatalf("%s (CI=true: every component must be present)", msg)
+	case Skip:
+		t.Skip(msg) // the rule's one skip: a component missing outside CI
 	}
-	t.Skip(msg) // the one skip of the rule: a component missing outside CI
 }
 
 // Message is the line a test that lacks what says.
