@@ -450,7 +450,7 @@ func (s *Server) longestIdleLocked() *conn {
 
 // fdGauge tells when the process's open files come within a reserve of
 // its RLIMIT_NOFILE. It counts the process's descriptors (a directory
-// read) every 64 accepts or every sixteenth of the connections, whichever
+// read) every 64 accepts or once the connections grew by half, whichever
 // is more, and whenever the estimate from its connection count comes near,
 // not at every accept. Guarded by Server.mu.
 type fdGauge struct {
@@ -477,9 +477,9 @@ func (g *fdGauge) full(conns int) bool {
 	// Counting reads a directory of every descriptor: done every 64
 	// accepts it made accepting 16K connections quadratic (half the
 	// server's time), so it is done once the connections grew by a
-	// sixteenth since the last count, or at each accept near the limit.
+	// half since the last count, or at each accept near the limit.
 	g.sinceCount++
-	if g.sinceCount < max(64, conns/16) && conns+1+g.other < limit-2*reserve {
+	if g.sinceCount < max(64, conns/2) && conns+1+g.other < limit-2*reserve {
 		return false
 	}
 	g.sinceCount = 0
