@@ -59,7 +59,7 @@ bench:
 # BENCH_FLAGS=--quick or BENCH_FLAGS='--sections collectives --ops allreduce'
 # or BENCH_FLAGS='--sections scale --scale-parts store,rdzv'.
 bench-compare: build
-	$(GO) build -o $(BIN)/ ./bench/storeserver ./bench/storesim ./bench/wideworker ./bench/sshstamp
+	$(GO) build -o $(BIN)/ ./bench/storeserver ./bench/storesim ./bench/storefloor ./bench/wideworker ./bench/sshstamp
 	/usr/bin/python3 bench/compare.py $(BENCH_FLAGS)
 
 clean:

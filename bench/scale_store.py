@@ -6,6 +6,10 @@ ADD then WAIT; WAIT and GET of rank 0's key) against gorun's store
 --serve-torch), a fresh server for every run, interleaved, at 1K, 4K and
 16K ranks, then gorun's alone as far as one process's 20,000 files allow.
 torch 1.13's server speaks only its own dialect; gorun's serves both.
+A third server, bin/storefloor, is the floor: the least a server can do
+for this pattern (one thread, one epoll set, a map; no limits, no
+authentication, torch 1.13's dialect only). Its CPU time is what the
+kernel and the protocol cost here, whatever the server.
 
 It reports the time to all ranks connected (hello included) and to the
 barrier done, the server's CPU time (steadier than wall time on a busy
@@ -31,7 +35,7 @@ QUICK_SIZES = (1000, 4000)
 # the store's MaxConns lifted and its descriptor reserve cut to 64, so that
 # 19,000 connections fit the 20,000 files of its process.
 BEYOND = 19000
-CASES = (("gorun", "2"), ("gorun", "1.13"), ("torch", "1.13"))
+CASES = (("gorun", "2"), ("gorun", "1.13"), ("torch", "1.13"), ("floor", "1.13"))
 
 TARGET_16K_S = 0.8   # 16K ranks through the barrier, gorun
 TARGET_RATIO_4K = 8  # torch's time over gorun's at 4K ranks
@@ -39,13 +43,14 @@ TARGET_KIB_PER_CONN = 8
 
 STORESERVER = os.path.join(ROOT, "bin", "storeserver")
 STORESIM = os.path.join(ROOT, "bin", "storesim")
+STOREFLOOR = os.path.join(ROOT, "bin", "storefloor")
 
 
 def check_tools():
-    for path in (STORESERVER, STORESIM):
+    for path in (STORESERVER, STORESIM, STOREFLOOR):
         if not os.access(path, os.X_OK):
             sys.exit(f"scale_store: {os.path.relpath(path, ROOT)} is missing: build it with "
-                     "'go build -o bin/ ./bench/storeserver ./bench/storesim' (make bench-compare does)")
+                     "'go build -o bin/ ./bench/storeserver ./bench/storesim ./bench/storefloor' (make bench-compare does)")
     probe = subprocess.run([PY, "-c", "import torch.distributed"], capture_output=True)
     if probe.returncode != 0:
         sys.exit("scale_store: torch is missing for the TCPStore server to compare with: "
@@ -55,6 +60,8 @@ def check_tools():
 def server_cmd(server, ranks):
     if server == "torch":
         return [PY, os.path.join(ROOT, "bench", "store.py"), "--serve-torch"]
+    if server == "floor":
+        return [STOREFLOOR]
     cmd = [STORESERVER, "-addr", "127.0.0.1:0"]
     if ranks > 16000:
         cmd += ["-max-conns", "-1", "-fd-reserve", "64"]
@@ -166,6 +173,11 @@ def render(reports):
     mem = None if None in per_conn or not per_conn else max(per_conn)
     verdicts.append((f"store: <= {TARGET_KIB_PER_CONN} KiB of server memory per idle connection at {big:,} ranks",
                      fmt(mem, ".1f") + " KiB", mem is not None and mem <= TARGET_KIB_PER_CONN))
+    floor = s.get((4000, "1.13", "floor"))
+    if ours and theirs and floor and floor["cpu"]:
+        lines += ["", f"Server CPU at 4,000 ranks (1.13 dialect) over the floor's: gorun {ours['cpu'] / floor['cpu']:.1f}x, "
+                      f"torch {theirs['cpu'] / floor['cpu']:.1f}x. At best, a server here is torch's time over the "
+                      f"floor's, {fmt(theirs['barrier'] / floor['barrier'] if floor['barrier'] and theirs['barrier'] else None, '.1f')}x faster than torch's."]
     lines.append("")
     for what, value, met in verdicts:
         lines.append(f"Target {what}: {value}, {'met' if met else 'MISSED'}.")
