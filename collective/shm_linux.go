@@ -84,6 +84,23 @@ func (s *segment) unmap() {
 	}
 }
 
+// cpusOf counts the cores that processes pids may run on together, the
+// union of their affinity masks (gorun --bind-to, taskset, a cgroup's
+// cpuset); 0 when a mask cannot be read.
+func cpusOf(pids []int) int {
+	var all unix.CPUSet
+	for _, pid := range pids {
+		var set unix.CPUSet
+		if err := unix.SchedGetaffinity(pid, &set); err != nil {
+			return 0
+		}
+		for i := range set {
+			all[i] |= set[i]
+		}
+	}
+	return all.Count()
+}
+
 // readPeer copies len(dst) bytes at address addr of process pid into dst
 // with process_vm_readv: one copy, by the kernel, from the peer's memory
 // straight into ours. The kernel allows it between processes of one user

@@ -9,6 +9,8 @@ import (
 	"testing"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/gorun/gorun/rendezvous"
 )
 
@@ -374,5 +376,40 @@ func TestPollsFor(t *testing.T) {
 		if got := pollsFor(c.ranks, c.cpus); got != c.want {
 			t.Errorf("pollsFor(%d ranks, %d cpus) = %d, want %d", c.ranks, c.cpus, got, c.want)
 		}
+	}
+}
+
+// TestCrowded: waiters yield their core only where a rank may need it:
+// more ranks than the cores they may run on, or ranks that are
+// goroutines of one process.
+func TestCrowded(t *testing.T) {
+	for _, c := range []struct {
+		ranks, cpus int
+		goroutines  bool
+		want        bool
+	}{
+		{2, 2, false, false}, {2, 16, false, false}, {8, 8, false, false},
+		{3, 2, false, true}, {4, 2, false, true}, {2, 1, false, true},
+		{2, 2, true, true}, {2, 16, true, true},
+	} {
+		if got := crowded(c.ranks, c.cpus, c.goroutines); got != c.want {
+			t.Errorf("crowded(%d ranks, %d cpus, goroutines %v) = %v, want %v", c.ranks, c.cpus, c.goroutines, got, c.want)
+		}
+	}
+}
+
+// TestCPUsOf: the cores a set of processes may run on together are the
+// union of their affinity masks, this process's own among them.
+func TestCPUsOf(t *testing.T) {
+	var mine unix.CPUSet
+	if err := unix.SchedGetaffinity(0, &mine); err != nil {
+		t.Fatalf("sched_getaffinity: %v", err)
+	}
+	pid := os.Getpid()
+	if got := cpusOf([]int{pid, pid}); got != mine.Count() {
+		t.Errorf("cpusOf(this process twice) = %d, want its %d cores", got, mine.Count())
+	}
+	if got := cpusOf([]int{pid, -1}); got != 0 {
+		t.Errorf("cpusOf with a pid that does not exist = %d, want 0", got)
 	}
 }
