@@ -197,7 +197,8 @@ func TestSharedMemoryAllToAllPieces(t *testing.T) {
 				comms := testWorld(t, n, TCPOptions{shmSlot: 8 << 10, noSingleCopy: !single})
 				ctx := testContext(t, 20*time.Second)
 				// Rank i sends j a piece of pieces[(i+j)%len] float32s.
-				pieces := []int{0, 3, cmaMin/4 + 5, 100, 3 * cmaMin / 4, cmaMin/4 - 1}
+				m := singleCopyMin(n)
+				pieces := []int{0, 3, m/4 + 5, 100, 3 * m / 4, m/4 - 1}
 				count := func(from, to int) int { return pieces[(from+2*to)%len(pieces)] }
 				sent := make([][]byte, n)
 				got := make([][]byte, n)
@@ -314,7 +315,8 @@ func TestSharedMemoryBroadcastSingleCopy(t *testing.T) {
 				t.Fatal("goroutines of one process cannot reach each other's memory")
 			}
 			ctx := testContext(t, 20*time.Second)
-			for i, size := range []int{singleCopyBroadcastMin, singleCopyBroadcastMin + 5, 3<<20 + 1} {
+			least := singleCopyBroadcastMin(n)
+			for i, size := range []int{least, least + 5, 3<<20 + 1} {
 				for root := range n {
 					seed := uint64(100*i + root)
 					want := streamBytes(size, seed)
@@ -375,6 +377,22 @@ func TestPollsFor(t *testing.T) {
 	} {
 		if got := pollsFor(c.ranks, c.cpus); got != c.want {
 			t.Errorf("pollsFor(%d ranks, %d cpus) = %d, want %d", c.ranks, c.cpus, got, c.want)
+		}
+	}
+}
+
+// TestSingleCopyThresholds: two ranks read each other's memory from
+// smaller pieces and broadcasts than more ranks do, where a copy into a
+// slot serves several readers.
+func TestSingleCopyThresholds(t *testing.T) {
+	for _, c := range []struct{ ranks, piece, broadcast int }{
+		{2, 16 << 10, 64 << 10}, {3, 64 << 10, 512 << 10}, {4, 64 << 10, 512 << 10}, {8, 64 << 10, 512 << 10},
+	} {
+		if got := singleCopyMin(c.ranks); got != c.piece {
+			t.Errorf("singleCopyMin(%d) = %d, want %d", c.ranks, got, c.piece)
+		}
+		if got := singleCopyBroadcastMin(c.ranks); got != c.broadcast {
+			t.Errorf("singleCopyBroadcastMin(%d) = %d, want %d", c.ranks, got, c.broadcast)
 		}
 	}
 }
