@@ -165,7 +165,7 @@ func (o *op) scatterShared(out, in []byte, root int) error {
 // part of a slot of every piece; the ranks agree on how many rounds it
 // takes, and check that each pair agrees on its count, through their
 // piece tables (and rounds words), written before the first round's
-// data. Pieces of singleCopyMin bytes or more skip the slots when the ranks can
+// data. Pieces of cmaMin bytes or more skip the slots when the ranks can
 // read each other's memory: the receiver copies them straight from the
 // sender's input (readPeer), and the sender waits for it before it
 // returns.
@@ -173,7 +173,7 @@ func (o *op) allToAllShared(out, in []byte, sends, recvs []span) error {
 	s := o.c.shm
 	n, me, es := o.c.size(), o.c.rank, o.hdr.dtype.Size()
 	sub := subSlot(s.slot, n)
-	single := func(bytes int) bool { return s.cma && bytes >= singleCopyMin(n) }
+	single := func(bytes int) bool { return s.cma && bytes >= cmaMin }
 	longest := 0 // of our pieces through the slots
 	lent := false
 	for j, c := range sends {
@@ -282,13 +282,15 @@ func (o *op) allGatherSingleCopy(out, in []byte) error {
 	})
 }
 
-// singleCopyMin is the smallest piece of an all_gather or all_to_all
-// among ranks read straight from a peer's memory: below it, the system
-// call's cost exceeds the copy it saves. Two ranks gain from smaller
-// pieces, since each has only one peer to read from: on 2 cores, a 64 KiB
-// all_gather (16 KiB pieces) took 7.7 to 10 us read straight and 12.7 to
-// 16 through the slots (Open MPI 10.6 to 12.2); on 4 ranks the same
-// pieces took 43 to 68 us read straight, 14 to 25 through the slots.
+// singleCopyMin is the smallest piece of an all_gather among ranks read
+// straight from a peer's memory: below it, the system call's cost
+// exceeds the copy it saves. Two ranks gain from smaller pieces, since
+// each has only one peer to read from: on 2 cores, a 64 KiB all_gather
+// (32 KiB pieces) took 7.7 to 10 us read straight and 12.7 to 16 through
+// the slots in three of four interleaved runs (Open MPI 10.6 to 12.2); on
+// 4 ranks 16 KiB pieces took 43 to 68 us read straight, 14 to 25 through
+// the slots. all_to_all keeps cmaMin: its 64 KiB exchange of 2 ranks
+// measured no faster read straight (12.6 to 15 us, slots 10 to 14).
 func singleCopyMin(ranks int) int {
 	if ranks == 2 {
 		return cmaPairMin
@@ -310,7 +312,8 @@ func singleCopyBroadcastMin(ranks int) int {
 }
 
 const (
-	// cmaMin and cmaPairMin: see singleCopyMin.
+	// cmaMin and cmaPairMin: see singleCopyMin; cmaMin is all_to_all's
+	// too.
 	cmaMin     = 64 << 10
 	cmaPairMin = 16 << 10
 	// singleCopyMaxRanks bounds the worlds whose all_gather reads peers'

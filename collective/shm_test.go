@@ -197,8 +197,7 @@ func TestSharedMemoryAllToAllPieces(t *testing.T) {
 				comms := testWorld(t, n, TCPOptions{shmSlot: 8 << 10, noSingleCopy: !single})
 				ctx := testContext(t, 20*time.Second)
 				// Rank i sends j a piece of pieces[(i+j)%len] float32s.
-				m := singleCopyMin(n)
-				pieces := []int{0, 3, m/4 + 5, 100, 3 * m / 4, m/4 - 1}
+				pieces := []int{0, 3, cmaMin/4 + 5, 100, 3 * cmaMin / 4, cmaMin/4 - 1}
 				count := func(from, to int) int { return pieces[(from+2*to)%len(pieces)] }
 				sent := make([][]byte, n)
 				got := make([][]byte, n)
