@@ -291,13 +291,13 @@ func setupShm(ctx context.Context, store rendezvous.Store, members []int, me, sl
 		}
 		cma = cma && string(r) == "1c"
 	}
-	cpus := cpusOf(pids)
+	cpus, apart := cpusOf(pids)
 	if cpus == 0 {
 		cpus = runtime.NumCPU()
 	}
 	s := &shmWorld{slot: slot, segs: segs, regions: make([]shmRegion, size), checked: make([]bool, size),
 		inProcess: inProcess, pids: pids, cma: cma, polls: pollsFor(size, cpus),
-		crowded: crowded(size, cpus, slices.Contains(inProcess[:rank], true) || slices.Contains(inProcess[rank+1:], true))}
+		crowded: crowded(apart, slices.Contains(inProcess[:rank], true) || slices.Contains(inProcess[rank+1:], true))}
 	for i, seg := range segs {
 		s.regions[i] = newShmRegion(seg.mem, slot, size)
 	}

@@ -397,20 +397,13 @@ func TestSingleCopyThresholds(t *testing.T) {
 }
 
 // TestCrowded: waiters yield their core only where a rank may need it:
-// more ranks than the cores they may run on, or ranks that are
-// goroutines of one process.
+// ranks not bound to cores of their own, or goroutines of one process.
 func TestCrowded(t *testing.T) {
-	for _, c := range []struct {
-		ranks, cpus int
-		goroutines  bool
-		want        bool
-	}{
-		{2, 2, false, false}, {2, 16, false, false}, {8, 8, false, false},
-		{3, 2, false, true}, {4, 2, false, true}, {2, 1, false, true},
-		{2, 2, true, true}, {2, 16, true, true},
+	for _, c := range []struct{ apart, goroutines, want bool }{
+		{true, false, false}, {false, false, true}, {true, true, true}, {false, true, true},
 	} {
-		if got := crowded(c.ranks, c.cpus, c.goroutines); got != c.want {
-			t.Errorf("crowded(%d ranks, %d cpus, goroutines %v) = %v, want %v", c.ranks, c.cpus, c.goroutines, got, c.want)
+		if got := crowded(c.apart, c.goroutines); got != c.want {
+			t.Errorf("crowded(apart %v, goroutines %v) = %v, want %v", c.apart, c.goroutines, got, c.want)
 		}
 	}
 }
@@ -423,10 +416,13 @@ func TestCPUsOf(t *testing.T) {
 		t.Fatalf("sched_getaffinity: %v", err)
 	}
 	pid := os.Getpid()
-	if got := cpusOf([]int{pid, pid}); got != mine.Count() {
-		t.Errorf("cpusOf(this process twice) = %d, want its %d cores", got, mine.Count())
+	if got, apart := cpusOf([]int{pid}); got != mine.Count() || !apart {
+		t.Errorf("cpusOf(this process) = %d, %v; want its %d cores, apart", got, apart, mine.Count())
 	}
-	if got := cpusOf([]int{pid, -1}); got != 0 {
-		t.Errorf("cpusOf with a pid that does not exist = %d, want 0", got)
+	if got, apart := cpusOf([]int{pid, pid}); got != mine.Count() || apart {
+		t.Errorf("cpusOf(this process twice) = %d, %v; want its %d cores, not apart", got, apart, mine.Count())
+	}
+	if got, apart := cpusOf([]int{pid, -1}); got != 0 || apart {
+		t.Errorf("cpusOf with a pid that does not exist = %d, %v; want 0, false", got, apart)
 	}
 }

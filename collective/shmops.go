@@ -138,6 +138,10 @@ func (o *op) eachWritten(g uint32, each func(peer int) error) error {
 // peer was ready while it was not.
 func (o *op) firstWritten(peers []int, g uint32) (int, time.Time) {
 	var start time.Time
+	every := shmCheckEvery // looks between checks of the time
+	if !o.c.shm.crowded {
+		every *= shmPollsPerLook // looks without a yield between are quick
+	}
 	for look := 1; ; look++ {
 		for i, peer := range peers {
 			if reached(o.region(peer).written.Load(), g) {
@@ -150,7 +154,7 @@ func (o *op) firstWritten(peers []int, g uint32) (int, time.Time) {
 		if start.IsZero() {
 			o.handoff() // nobody drives our sockets while we wait here
 			start = time.Now()
-		} else if look%(shmCheckEvery*shmPollsPerLook) == 0 && time.Since(start) >= shmSpin {
+		} else if look%every == 0 && time.Since(start) >= shmSpin {
 			return 0, start
 		}
 		if o.c.shm.crowded {

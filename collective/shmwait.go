@@ -12,19 +12,22 @@ import (
 // alone (pollsFor). What it does next depends on whether the ranks may
 // have to take turns on cores (crowded):
 //
-//   - Crowded (more ranks than the cores they may run on, or ranks that
-//     are goroutines of one process): the peer may be off its core until
-//     we give ours away, so the waiter keeps looking for up to shmSpin but
-//     yields the core between looks. A futex round trip (a system call to
-//     sleep, one to wake, and the scheduler's delay between them) costs
-//     more than the blocks of a pipelined collective take.
-//   - Not crowded: every rank has a core of its own, and a yield cannot
-//     help the peer; it only hands our core to whatever else is runnable
-//     there. The kernel's scheduler makes a task that yields wait out the
-//     next one's whole time slice (milliseconds): with one busy process
-//     beside 2 ranks on 2 cores, yielding made a 64 KiB all_gather take
-//     1.3 ms instead of 15 us (ranks bound to cores) where Open MPI,
-//     which polls without yielding, took 26 us. So the waiter polls for
+//   - Crowded (ranks that may share a core: not bound, bound several to
+//     a core, or goroutines of one process): the peer may be off its core
+//     until we give ours away, so the waiter keeps looking for up to
+//     shmSpin but yields the core between looks. A futex round trip (a
+//     system call to sleep, one to wake, and the scheduler's delay
+//     between them) costs more than the blocks of a pipelined collective
+//     take. Unbound beside a busy process, yielding is what lets the
+//     kernel run the peer on our core: a 64 KiB all_gather of 2 unbound
+//     ranks on 2 cores took 14 us yielding, 66 polling.
+//   - Not crowded: every rank is bound to cores of its own, and a yield
+//     cannot help the peer; it only hands our core to whatever else is
+//     runnable there. The kernel's scheduler makes a task that yields
+//     wait out the next one's whole time slice (milliseconds): with one
+//     busy process beside 2 ranks bound to 2 cores, yielding made a
+//     64 KiB all_gather take 1.4 ms instead of 7 us, where Open MPI,
+//     which polls without yielding, took 10 us. So the waiter polls for
 //     up to shmSpin, as Open MPI does, and no longer.
 //
 // Either way it then sleeps on a futex, which the peer's signal wakes
@@ -54,16 +57,15 @@ const (
 	shmPollsCrowded = 100
 )
 
-// crowded says whether ranks sharing a host whose members may run on
-// cpus cores between them may have to take turns on a core: they
-// outnumber the cores, or some are goroutines of one process (tests),
-// which the Go scheduler, not the kernel's, runs in turn.
-func crowded(ranks, cpus int, goroutines bool) bool { return goroutines || ranks > cpus }
+// crowded says whether the ranks sharing a host may have to take turns
+// on a core: unless each is bound to cores of its own (apart), they may,
+// and goroutines of one process (tests) do, on the Go scheduler's Ps.
+func crowded(apart, goroutines bool) bool { return goroutines || !apart }
 
 // pollsFor returns the polls before the first yield for ranks sharing
 // a host of cpus cores.
 func pollsFor(ranks, cpus int) int {
-	if crowded(ranks, cpus, false) {
+	if ranks > cpus {
 		return shmPollsCrowded
 	}
 	return shmPolls
