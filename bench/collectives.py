@@ -13,11 +13,14 @@ The systems:
 - mpi-shm, mpi-tcp: bench/anchor.py --mpi under mpirun --oversubscribe
   --mca pml ob1, with --mca btl self,vader (self,sm from OpenMPI 5) or
   --mca btl self,tcp --mca btl_tcp_if_include lo.
-- Every rank of every system is bound to one core, the same way: gorun
-  --bind-to core and mpirun --bind-to core:overload-allowed both put rank i
-  on core i mod cores. Unbound, the ranks of an oversubscribed world land
-  wherever the scheduler puts them, which is luck: OpenMPI's TCP all_reduce
-  of 4 ranks on 2 cores took 25 to 34 ms at 16 MiB by placement alone.
+- Every system runs both unbound (the default of gorun, torchrun and most
+  users: the kernel places the ranks and may move them) and bound, every
+  rank to one core, the same way: gorun --bind-to core and mpirun --bind-to
+  core:overload-allowed both put rank i on core i mod cores (unbound is
+  gorun's default and mpirun --bind-to none). Unbound figures vary more:
+  the ranks of an oversubscribed world land wherever the scheduler puts
+  them, which is luck (OpenMPI's TCP all_reduce of 4 ranks on 2 cores took
+  25 to 34 ms at 16 MiB by placement alone); medians over rounds tame it.
 
 How every system is measured (allreduce-perf, and bench/anchor.py for gloo
 and MPI, print the same rows; this file checks they agree):
@@ -52,8 +55,13 @@ OPS = ("allreduce", "broadcast", "allgather", "reduce_scatter", "alltoall")
 SIZES = (8, 64 << 10, 1 << 20, 16 << 20, 64 << 20)
 WORLDS = (2, 4)
 SYSTEMS = ("gorun", "gorun-tcp", "gloo", "mpi-shm", "mpi-tcp")
+# How the ranks are placed: the kernel's choice, or one core each.
+BINDS = ("unbound", "bound")
 LATENCY_MAX = 8  # rows at or below this many requested bytes are latencies
-TARGET_SIZES = (1 << 20, 16 << 20)
+# The issue's goal: on one host, bound and unbound, every collective at
+# least 1.2x OpenMPI's shared memory from 64 KiB to 64 MiB.
+TARGET_SIZES = (64 << 10, 1 << 20, 16 << 20, 64 << 20)
+SHM_TARGET = 1.2
 # A figure whose rounds differ by more than this factor is marked noisy.
 NOISY, NOISY_SPREAD = "~", 2.0
 
@@ -103,16 +111,21 @@ def shm_btl():
     sys.exit("collectives: this OpenMPI has neither the vader nor the sm BTL (ompi_info lists neither)")
 
 
-def command(system, op, world, sizes, quick, btl):
-    """(argv, extra environment) of one system for one collective."""
+def command(system, op, world, sizes, quick, btl, bind="bound"):
+    """(argv, extra environment) of one system for one collective, its
+    ranks placed as bind (one of BINDS) says."""
     plan = [iterations(s, quick, system) for s in sizes]
     size_flags = ["-sizes", ",".join(map(str, sizes)),
                   "-w", ",".join(str(w) for w, _ in plan), "-n", ",".join(str(n) for _, n in plan)]
-    launch = [GORUN, "--nproc-per-node", str(world), "--local-ranks-filter", "0", "--bind-to", "core"]
+    if bind not in BINDS:
+        raise ValueError(bind)
+    bound = bind == "bound"
+    launch = [GORUN, "--nproc-per-node", str(world), "--local-ranks-filter", "0"] + (["--bind-to", "core"] if bound else [])
     anchor = [PY, os.path.join(ROOT, "bench", "anchor.py"), "-o", op] + size_flags
     # Bound as gorun's ranks are; pml ob1, the only one the --mca btl
     # choice governs (ucx would pick its own way).
-    mpirun = ["mpirun", "--oversubscribe", "--bind-to", "core:overload-allowed", "-np", str(world), "--mca", "pml", "ob1"]
+    mpirun = ["mpirun", "--oversubscribe", "--bind-to", "core:overload-allowed" if bound else "none",
+              "-np", str(world), "--mca", "pml", "ob1"]
     perf = launch + [os.path.join(ROOT, "bin", "allreduce-perf"), "-o", op, "-c", "0"] + size_flags
     if system == "gorun":
         return perf, {"GORUN_TRANSPORT": "auto"}
@@ -127,12 +140,12 @@ def command(system, op, world, sizes, quick, btl):
     raise ValueError(system)
 
 
-def measure(system, op, world, sizes, quick, btl):
+def measure(system, op, world, sizes, quick, btl, bind="bound"):
     """Runs one system once over sizes; returns [time_us per size], or the
     backend's reason when it lacks the collective."""
-    argv, extra = command(system, op, world, sizes, quick, btl)
+    argv, extra = command(system, op, world, sizes, quick, btl, bind)
     proc = subprocess.run(argv, capture_output=True, text=True, env=mpi_env(**extra), timeout=900)
-    said = f"{system} {op} world {world}: {' '.join(argv)}"
+    said = f"{system} {op} world {world} {bind}: {' '.join(argv)}"
     unsupported = UNSUPPORTED.search(proc.stdout)
     if proc.returncode == 0 and unsupported and system == "gloo":
         return unsupported.group(1).strip()
@@ -158,25 +171,27 @@ def measure(system, op, world, sizes, quick, btl):
     return times
 
 
-def run(ops, sizes, worlds, rounds, quick=False, systems=SYSTEMS):
-    """Every measurement, interleaved; returns
-    ({(system, op, world, size): [time_us per round]}, {(system, op): reason})."""
+def run(ops, sizes, worlds, rounds, quick=False, systems=SYSTEMS, binds=BINDS):
+    """Every measurement, interleaved (for each world and collective, every
+    system unbound and bound, in an order rotated round by round); returns
+    ({(system, op, world, size, bind): [time_us per round]}, {(system, op): reason})."""
     btl = shm_btl()
     times, unsupported = {}, {}
+    runs = [(s, b) for b in binds for s in systems]
     for r in range(rounds):
-        order = list(systems[r % len(systems):] + systems[:r % len(systems)])
+        order = runs[r % len(runs):] + runs[:r % len(runs)]
         for world in worlds:
             for op in ops:
                 began = time.monotonic()
-                for system in order:
+                for system, bind in order:
                     if (system, op) in unsupported:
                         continue
-                    got = measure(system, op, world, sizes, quick, btl)
+                    got = measure(system, op, world, sizes, quick, btl, bind)
                     if isinstance(got, str):
                         unsupported[(system, op)] = got
                         continue
                     for size, t in zip(sizes, got):
-                        times.setdefault((system, op, world, size), []).append(t)
+                        times.setdefault((system, op, world, size, bind), []).append(t)
                 log(f"[collectives round {r + 1}/{rounds}] world {world} {op}: {time.monotonic() - began:.0f} s")
     return times, unsupported
 
@@ -190,15 +205,17 @@ def label(size):
 
 
 class Table:
-    """Median figures and gorun's ratios, per collective, world and size."""
+    """Median figures and gorun's ratios, per collective, world, size and
+    placement (bind)."""
 
     def __init__(self, times, unsupported):
         self.times, self.unsupported = times, unsupported
         self.verdicts = []  # (target, ratio text, met)
+        self.binds = [b for b in BINDS if any(k[4] == b for k in times)] or ["bound"]
 
-    def value(self, system, op, world, size):
+    def value(self, system, op, world, size, bind="bound"):
         """busbw (GB/s) or, for latency rows, time (us); None if not run."""
-        t = self.times.get((system, op, world, size))
+        t = self.times.get((system, op, world, size, bind))
         if not t:
             return None
         med = statistics.median(t)
@@ -207,94 +224,100 @@ class Table:
         nbytes, _ = expected(op, size, world)
         return nbytes / (med * 1e-6) / 1e9 * BUS_FACTOR[op](world)
 
-    def ratio(self, ours, other, op, world, size):
+    def ratio(self, ours, other, op, world, size, bind="bound"):
         """gorun's advantage of system ours over system other, or None."""
-        a, b = self.value(ours, op, world, size), self.value(other, op, world, size)
+        a, b = self.value(ours, op, world, size, bind), self.value(other, op, world, size, bind)
         if not a or not b:
             return None
         return b / a if size <= LATENCY_MAX else a / b
 
-    def check(self, what, ours, other, op, world, size, at_least):
+    def check(self, what, ours, other, op, world, size, at_least, bind="bound"):
         """Records one target; returns its cell text."""
-        r = self.ratio(ours, other, op, world, size)
+        r = self.ratio(ours, other, op, world, size, bind)
         if r is None:
             return f"{other}: not run"
         met = r >= at_least
-        self.verdicts.append((f"{what}, {op}, world {world}, {label(size)}", f"{r:.2f}x (need {at_least:.2f}x)", met))
+        self.verdicts.append((f"{what}, {op}, world {world}, {label(size)}, {bind}",
+                              f"{r:.2f}x (need {at_least:.2f}x)", met))
         return f"{other} {'met' if met else 'MISSED'} ({r:.2f}x, need {at_least:.2f}x)"
 
-    def cell(self, system, op, world, size):
-        v = self.value(system, op, world, size)
+    def cell(self, system, op, world, size, bind="bound"):
+        v = self.value(system, op, world, size, bind)
         if v is None:
             return "n/a" if (system, op) in self.unsupported else "-"
         text = f"{v:.1f}" if size <= LATENCY_MAX else f"{v:.2f}"
-        t = self.times[(system, op, world, size)]
+        t = self.times[(system, op, world, size, bind)]
         return text + NOISY if max(t) > NOISY_SPREAD * min(t) else text
 
-    def ratio_cell(self, ours, other, op, world, size):
-        r = self.ratio(ours, other, op, world, size)
+    def ratio_cell(self, ours, other, op, world, size, bind="bound"):
+        r = self.ratio(ours, other, op, world, size, bind)
         if r is not None:
             return f"{r:.2f}x"
         return "n/a" if (other, op) in self.unsupported else "-"
 
-    def main_targets(self, op, world, size):
-        """The issue's targets for the default (auto) transport."""
+    def main_targets(self, op, world, size, bind="bound"):
+        """The issues' targets for the default (auto) transport."""
         cells = []
         if size <= LATENCY_MAX and op == "allreduce":
-            cells.append(self.check("latency <= 2x OpenMPI shm", "gorun", "mpi-shm", op, world, size, 0.5))
+            cells.append(self.check("latency <= 2x OpenMPI shm", "gorun", "mpi-shm", op, world, size, 0.5, bind))
         elif size in TARGET_SIZES:
-            cells.append(self.check("busbw >= 1x OpenMPI shm", "gorun", "mpi-shm", op, world, size, 1.0))
-            if op == "allreduce":
-                cells.append(self.check("busbw >= 3x gloo", "gorun", "gloo", op, world, size, 3.0))
+            cells.append(self.check(f"busbw >= {SHM_TARGET:g}x OpenMPI shm", "gorun", "mpi-shm", op, world, size,
+                                    SHM_TARGET, bind))
+            if op == "allreduce" and size in (1 << 20, 16 << 20):
+                cells.append(self.check("busbw >= 3x gloo", "gorun", "gloo", op, world, size, 3.0, bind))
         return "; ".join(cells)
 
-    def tcp_targets(self, op, world, size):
+    def tcp_targets(self, op, world, size, bind="bound"):
         """The issue's targets with gorun forced to TCP (all_reduce only)."""
         if op != "allreduce":
             return ""
         if size <= LATENCY_MAX:
-            return self.check("TCP latency <= 1.5x OpenMPI TCP", "gorun-tcp", "mpi-tcp", op, world, size, 1 / 1.5)
-        if size in TARGET_SIZES:
-            return self.check("TCP busbw >= 1x OpenMPI TCP", "gorun-tcp", "mpi-tcp", op, world, size, 1.0)
+            return self.check("TCP latency <= 1.5x OpenMPI TCP", "gorun-tcp", "mpi-tcp", op, world, size, 1 / 1.5, bind)
+        if size in (1 << 20, 16 << 20):
+            return self.check("TCP busbw >= 1x OpenMPI TCP", "gorun-tcp", "mpi-tcp", op, world, size, 1.0, bind)
         return ""
 
     def render(self, ops, sizes, worlds, rounds):
         lines = [
             f"### Collectives: float32, median of {rounds} interleaved rounds; "
-            "busbw in GB/s (nccl-tests' formulas), 8-byte rows are latency in us",
+            "busbw in GB/s (nccl-tests' formulas), 8-byte rows are latency in us; "
+            "ranks unbound (gorun's default, `mpirun --bind-to none`) and bound one per core",
             "",
-            "| collective | world | size | gorun | gloo | mpi-shm | mpi-tcp "
+            "| collective | world | size | ranks | gorun | gloo | mpi-shm | mpi-tcp "
             "| gorun/gloo | gorun/mpi-shm | gorun/mpi-tcp | targets |",
-            "|---|---|---|---|---|---|---|---|---|---|---|",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|",
         ]
         for op in ops:
             for world in worlds:
                 for size in sizes:
                     unit = " (us)" if size <= LATENCY_MAX else ""
                     shown, _ = expected(op, size, world)
-                    values = [self.cell(s, op, world, size) for s in ("gorun", "gloo", "mpi-shm", "mpi-tcp")]
-                    ratios = [self.ratio_cell("gorun", s, op, world, size) for s in ("gloo", "mpi-shm", "mpi-tcp")]
-                    lines.append(f"| {op} | {world} | {label(shown)}{unit} | " + " | ".join(values + ratios) +
-                                 f" | {self.main_targets(op, world, size)} |")
+                    for bind in self.binds:
+                        values = [self.cell(s, op, world, size, bind) for s in ("gorun", "gloo", "mpi-shm", "mpi-tcp")]
+                        ratios = [self.ratio_cell("gorun", s, op, world, size, bind) for s in ("gloo", "mpi-shm", "mpi-tcp")]
+                        lines.append(f"| {op} | {world} | {label(shown)}{unit} | {bind} | " + " | ".join(values + ratios) +
+                                     f" | {self.main_targets(op, world, size, bind)} |")
         lines += [
             "",
             "### Collectives, gorun forced to TCP (`GORUN_TRANSPORT=tcp`) against OpenMPI over TCP "
             "(`--mca btl self,tcp --mca btl_tcp_if_include lo`)",
             "",
-            "| collective | world | size | gorun-tcp | mpi-tcp | gorun-tcp/mpi-tcp | gorun-tcp/gorun | targets |",
-            "|---|---|---|---|---|---|---|---|",
+            "| collective | world | size | ranks | gorun-tcp | mpi-tcp | gorun-tcp/mpi-tcp | gorun-tcp/gorun | targets |",
+            "|---|---|---|---|---|---|---|---|---|",
         ]
         for op in ops:
             for world in worlds:
                 for size in sizes:
                     unit = " (us)" if size <= LATENCY_MAX else ""
                     shown, _ = expected(op, size, world)
-                    lines.append(
-                        f"| {op} | {world} | {label(shown)}{unit} | {self.cell('gorun-tcp', op, world, size)} | "
-                        f"{self.cell('mpi-tcp', op, world, size)} | "
-                        f"{self.ratio_cell('gorun-tcp', 'mpi-tcp', op, world, size)} | "
-                        f"{self.ratio_cell('gorun-tcp', 'gorun', op, world, size)} | "
-                        f"{self.tcp_targets(op, world, size)} |")
+                    for bind in self.binds:
+                        lines.append(
+                            f"| {op} | {world} | {label(shown)}{unit} | {bind} | "
+                            f"{self.cell('gorun-tcp', op, world, size, bind)} | "
+                            f"{self.cell('mpi-tcp', op, world, size, bind)} | "
+                            f"{self.ratio_cell('gorun-tcp', 'mpi-tcp', op, world, size, bind)} | "
+                            f"{self.ratio_cell('gorun-tcp', 'gorun', op, world, size, bind)} | "
+                            f"{self.tcp_targets(op, world, size, bind)} |")
         lines += ["", f"{NOISY}: its rounds differ by more than {NOISY_SPREAD:g}x (a busy machine); "
                   "the median still stands, but read it with care."]
         notes = sorted({f"{s} has no {op}: {why}" for (s, op), why in self.unsupported.items()})
@@ -304,5 +327,5 @@ class Table:
 
     def raw(self):
         """Every round's time (us), for --json."""
-        return [{"system": s, "op": op, "world": w, "size": size, "time_us": t}
-                for (s, op, w, size), t in sorted(self.times.items())]
+        return [{"system": s, "op": op, "world": w, "size": size, "bind": b, "time_us": t}
+                for (s, op, w, size, b), t in sorted(self.times.items())]

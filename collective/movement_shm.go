@@ -15,7 +15,7 @@ import (
 
 // broadcastShared copies root's buf into every rank's buf.
 func (o *op) broadcastShared(buf []byte, root int) error {
-	if o.c.shm.cma && len(buf) >= singleCopyBroadcastMin {
+	if o.c.shm.cma && len(buf) >= singleCopyBroadcastMin(o.c.size()) {
 		return o.broadcastSingleCopy(buf, root)
 	}
 	me := o.c.rank
@@ -91,7 +91,7 @@ func (o *op) broadcastSingleCopy(buf []byte, root int) error {
 // out, or only root's when root is not -1 (gather).
 func (o *op) allGatherShared(out, in []byte, root int) error {
 	n, me, size := o.c.size(), o.c.rank, len(in)
-	if root < 0 && o.c.shm.cma && size >= cmaMin && n <= singleCopyMaxRanks {
+	if root < 0 && o.c.shm.cma && size >= singleCopyMin(n) && n <= singleCopyMaxRanks {
 		return o.allGatherSingleCopy(out, in)
 	}
 	receives := root < 0 || root == me
@@ -282,15 +282,40 @@ func (o *op) allGatherSingleCopy(out, in []byte) error {
 	})
 }
 
+// singleCopyMin is the smallest piece of an all_gather among ranks read
+// straight from a peer's memory: below it, the system call's cost
+// exceeds the copy it saves. Two ranks gain from smaller pieces, since
+// each has only one peer to read from: on 2 cores, a 64 KiB all_gather
+// (32 KiB pieces) took 7.7 to 10 us read straight and 12.7 to 16 through
+// the slots in three of four interleaved runs (Open MPI 10.6 to 12.2); on
+// 4 ranks 16 KiB pieces took 43 to 68 us read straight, 14 to 25 through
+// the slots. all_to_all keeps cmaMin: its 64 KiB exchange of 2 ranks
+// measured no faster read straight (12.6 to 15 us, slots 10 to 14).
+func singleCopyMin(ranks int) int {
+	if ranks == 2 {
+		return cmaPairMin
+	}
+	return cmaMin
+}
+
+// singleCopyBroadcastMin is the smallest broadcast among ranks that goes
+// straight between their buffers (broadcastSingleCopy). Measured on 2
+// cores, unbound and bound, medians of 5 rounds: on 2 ranks 256 KiB took
+// 11 to 12 us straight and 42 to 47 through the slots, 64 KiB 9 to 12.5
+// and 13 to 17; on 4 ranks 64 KiB took 42 to 56 us straight and 25 to 28
+// through the slots, 256 KiB 75 to 92 and 67 to 73.
+func singleCopyBroadcastMin(ranks int) int {
+	if ranks == 2 {
+		return 64 << 10
+	}
+	return 512 << 10
+}
+
 const (
-	// cmaMin is the smallest piece read straight from a peer's memory:
-	// below it, the system call's cost exceeds the copy it saves.
-	cmaMin = 64 << 10
-	// singleCopyBroadcastMin is the smallest broadcast that goes
-	// straight between the ranks' buffers (broadcastSingleCopy). Measured
-	// on 2 cores: at 512 KiB it took 17 us on 2 ranks and 72 on 4, the
-	// slots 29 and 90; at 256 KiB the two were even; below, the slots win.
-	singleCopyBroadcastMin = 512 << 10
+	// cmaMin and cmaPairMin: see singleCopyMin; cmaMin is all_to_all's
+	// too.
+	cmaMin     = 64 << 10
+	cmaPairMin = 16 << 10
 	// singleCopyMaxRanks bounds the worlds whose all_gather reads peers'
 	// memory: a copy into a slot serves n-1 readers, and the kernel copies
 	// slower than memmove, so with more ranks the slots win. Measured on

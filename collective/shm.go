@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"os"
 	"runtime"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -165,8 +166,11 @@ type shmWorld struct {
 	cma  bool
 	pids []int
 	// polls is how many times a waiter looks before it yields the core
-	// (pollsFor).
-	polls int
+	// (pollsFor); crowded says the members may have to take turns on
+	// cores (see shmwait.go), so waiters yield between looks rather than
+	// keep polling.
+	polls   int
+	crowded bool
 
 	mu     sync.Mutex
 	closed bool
@@ -287,8 +291,13 @@ func setupShm(ctx context.Context, store rendezvous.Store, members []int, me, sl
 		}
 		cma = cma && string(r) == "1c"
 	}
+	cpus, apart := cpusOf(pids)
+	if cpus == 0 {
+		cpus = runtime.NumCPU()
+	}
 	s := &shmWorld{slot: slot, segs: segs, regions: make([]shmRegion, size), checked: make([]bool, size),
-		inProcess: inProcess, pids: pids, cma: cma, polls: pollsFor(size, runtime.NumCPU())}
+		inProcess: inProcess, pids: pids, cma: cma, polls: pollsFor(size, cpus),
+		crowded: crowded(apart, slices.Contains(inProcess[:rank], true) || slices.Contains(inProcess[rank+1:], true))}
 	for i, seg := range segs {
 		s.regions[i] = newShmRegion(seg.mem, slot, size)
 	}

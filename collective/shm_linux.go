@@ -84,6 +84,27 @@ func (s *segment) unmap() {
 	}
 }
 
+// cpusOf counts the cores that processes pids may run on together, the
+// union of their affinity masks (gorun --bind-to, taskset, a cgroup's
+// cpuset), and says whether each process has cores of its own (the masks
+// are disjoint; a pid listed twice shares its own); 0 and false when a
+// mask cannot be read.
+func cpusOf(pids []int) (cpus int, apart bool) {
+	var all unix.CPUSet
+	apart = true
+	for _, pid := range pids {
+		var set unix.CPUSet
+		if err := unix.SchedGetaffinity(pid, &set); err != nil {
+			return 0, false
+		}
+		for i := range set {
+			apart = apart && all[i]&set[i] == 0
+			all[i] |= set[i]
+		}
+	}
+	return all.Count(), apart
+}
+
 // readPeer copies len(dst) bytes at address addr of process pid into dst
 // with process_vm_readv: one copy, by the kernel, from the peer's memory
 // straight into ours. The kernel allows it between processes of one user

@@ -9,6 +9,8 @@ import (
 	"testing"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/gorun/gorun/rendezvous"
 )
 
@@ -312,7 +314,8 @@ func TestSharedMemoryBroadcastSingleCopy(t *testing.T) {
 				t.Fatal("goroutines of one process cannot reach each other's memory")
 			}
 			ctx := testContext(t, 20*time.Second)
-			for i, size := range []int{singleCopyBroadcastMin, singleCopyBroadcastMin + 5, 3<<20 + 1} {
+			least := singleCopyBroadcastMin(n)
+			for i, size := range []int{least, least + 5, 3<<20 + 1} {
 				for root := range n {
 					seed := uint64(100*i + root)
 					want := streamBytes(size, seed)
@@ -374,5 +377,52 @@ func TestPollsFor(t *testing.T) {
 		if got := pollsFor(c.ranks, c.cpus); got != c.want {
 			t.Errorf("pollsFor(%d ranks, %d cpus) = %d, want %d", c.ranks, c.cpus, got, c.want)
 		}
+	}
+}
+
+// TestSingleCopyThresholds: two ranks read each other's memory from
+// smaller pieces and broadcasts than more ranks do, where a copy into a
+// slot serves several readers.
+func TestSingleCopyThresholds(t *testing.T) {
+	for _, c := range []struct{ ranks, piece, broadcast int }{
+		{2, 16 << 10, 64 << 10}, {3, 64 << 10, 512 << 10}, {4, 64 << 10, 512 << 10}, {8, 64 << 10, 512 << 10},
+	} {
+		if got := singleCopyMin(c.ranks); got != c.piece {
+			t.Errorf("singleCopyMin(%d) = %d, want %d", c.ranks, got, c.piece)
+		}
+		if got := singleCopyBroadcastMin(c.ranks); got != c.broadcast {
+			t.Errorf("singleCopyBroadcastMin(%d) = %d, want %d", c.ranks, got, c.broadcast)
+		}
+	}
+}
+
+// TestCrowded: waiters yield their core only where a rank may need it:
+// ranks not bound to cores of their own, or goroutines of one process.
+func TestCrowded(t *testing.T) {
+	for _, c := range []struct{ apart, goroutines, want bool }{
+		{true, false, false}, {false, false, true}, {true, true, true}, {false, true, true},
+	} {
+		if got := crowded(c.apart, c.goroutines); got != c.want {
+			t.Errorf("crowded(apart %v, goroutines %v) = %v, want %v", c.apart, c.goroutines, got, c.want)
+		}
+	}
+}
+
+// TestCPUsOf: the cores a set of processes may run on together are the
+// union of their affinity masks, this process's own among them.
+func TestCPUsOf(t *testing.T) {
+	var mine unix.CPUSet
+	if err := unix.SchedGetaffinity(0, &mine); err != nil {
+		t.Fatalf("sched_getaffinity: %v", err)
+	}
+	pid := os.Getpid()
+	if got, apart := cpusOf([]int{pid}); got != mine.Count() || !apart {
+		t.Errorf("cpusOf(this process) = %d, %v; want its %d cores, apart", got, apart, mine.Count())
+	}
+	if got, apart := cpusOf([]int{pid, pid}); got != mine.Count() || apart {
+		t.Errorf("cpusOf(this process twice) = %d, %v; want its %d cores, not apart", got, apart, mine.Count())
+	}
+	if got, apart := cpusOf([]int{pid, -1}); got != 0 || apart {
+		t.Errorf("cpusOf with a pid that does not exist = %d, %v; want 0, false", got, apart)
 	}
 }

@@ -129,8 +129,8 @@ func (o *op) eachWritten(g uint32, each func(peer int) error) error {
 
 // firstWritten returns the index in peers of the first that has written
 // block g. While none has, it looks at them all, as awaitShared looks at
-// one: polling, then yielding the core between looks for up to shmSpin.
-// Then it settles for the first, since a futex sleeps on one word, and
+// one: polling, then for up to shmSpin polling on or, on a crowded host
+// (see shmwait.go), yielding the core between looks. Then it settles for the first, since a futex sleeps on one word, and
 // returns when it began to spin (zero when it did not) for its caller's
 // wait (awaitSharedSince) to go on from there. Waiting on the first
 // alone cost a 1 MiB all_to_all of 4 ranks on 2 cores a seventh of its
@@ -138,6 +138,10 @@ func (o *op) eachWritten(g uint32, each func(peer int) error) error {
 // peer was ready while it was not.
 func (o *op) firstWritten(peers []int, g uint32) (int, time.Time) {
 	var start time.Time
+	every := shmCheckEvery // looks between checks of the time
+	if !o.c.shm.crowded {
+		every *= shmPollsPerLook // looks without a yield between are quick
+	}
 	for look := 1; ; look++ {
 		for i, peer := range peers {
 			if reached(o.region(peer).written.Load(), g) {
@@ -150,10 +154,12 @@ func (o *op) firstWritten(peers []int, g uint32) (int, time.Time) {
 		if start.IsZero() {
 			o.handoff() // nobody drives our sockets while we wait here
 			start = time.Now()
-		} else if look%shmCheckEvery == 0 && time.Since(start) >= shmSpin {
+		} else if look%every == 0 && time.Since(start) >= shmSpin {
 			return 0, start
 		}
-		o.yieldFor(peers[0])
+		if o.c.shm.crowded {
+			o.yieldFor(peers[0])
+		}
 	}
 }
 
