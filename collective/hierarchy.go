@@ -32,12 +32,49 @@ import (
 // ((x0+x1)+x2)+x3 where this adds (x0+x1)+(x2+x3); for the integer types
 // and for exact floating-point sums the results agree.
 
-// hierarchy is the world's views for hierarchical collectives.
+// hierarchy is the world's views for hierarchical collectives, and
+// where every rank sits: host h runs ranks hostRanks[h] (ascending),
+// hosts numbered by their lowest rank; a rank's local index is its
+// position among its host's ranks.
 type hierarchy struct {
 	host    *comm // this host's ranks; its rank 0 is the host's leader
 	leaders *comm // the leaders, one per host by ascending rank; nil on other ranks
-	// leaderOf[r] is the leaders' rank of world rank r's host's leader.
+	// rail is the ranks of this rank's local index, one per host that
+	// has that many ranks, in host order: the leaders are rail 0. The 2D
+	// all_reduce runs its inter-host phase on the rails, so that every
+	// local rank's streams carry its share of the host's traffic.
+	rail *comm
+	// leaderOf[r] is the leaders' rank of world rank r's host's leader,
+	// which is also the index of r's host.
 	leaderOf []int
+	// localOf[r] is world rank r's local index.
+	localOf []int
+	// hostRanks[h] is host h's world ranks, ascending.
+	hostRanks [][]int
+}
+
+// hostOf is the index of world rank r's host.
+func (h *hierarchy) hostOf(r int) int { return h.leaderOf[r] }
+
+// minLocal is the fewest ranks any host runs: the rails every host has.
+func (h *hierarchy) minLocal() int {
+	m := len(h.hostRanks[0])
+	for _, rs := range h.hostRanks[1:] {
+		m = min(m, len(rs))
+	}
+	return m
+}
+
+// railRanks is the world ranks of local index l, one per host that has
+// that many ranks, in host order.
+func (h *hierarchy) railRanks(l int) []int {
+	var rail []int
+	for _, rs := range h.hostRanks {
+		if l < len(rs) {
+			rail = append(rail, rs[l])
+		}
+	}
+	return rail
 }
 
 // newHierarchy builds the views of world, whose ranks run on hosts (an
@@ -45,37 +82,49 @@ type hierarchy struct {
 // ranks or all run on one: hierarchy would not save anything. shm is
 // this host's shared memory, or nil.
 func newHierarchy(world *comm, hosts []string, shm *shmWorld) *hierarchy {
-	h := &hierarchy{leaderOf: make([]int, len(hosts))}
-	leaderIndex := map[string]int{} // host id -> leaders' rank
-	var leaders []int
+	h := layOut(hosts)
+	if h == nil {
+		return nil
+	}
+	me := world.rank
+	h.host = newView(world, h.hostRanks[h.hostOf(me)])
+	h.host.shm = shm
+	h.rail = newView(world, h.railRanks(h.localOf[me]))
+	if h.localOf[me] == 0 {
+		h.leaders = h.rail
+	}
+	return h
+}
+
+// layOut places the ranks of a world on hosts, rank r on hosts[r], or
+// returns nil when hierarchy would not save anything (see newHierarchy).
+func layOut(hosts []string) *hierarchy {
+	h := &hierarchy{leaderOf: make([]int, len(hosts)), localOf: make([]int, len(hosts))}
+	index := map[string]int{} // host id -> host index
 	crowded := false
 	for r, id := range hosts {
 		if id == "" {
 			id = "rank " + strconv.Itoa(r) // a host of its own: no id starts so
 		}
-		li, seen := leaderIndex[id]
+		hi, seen := index[id]
 		if !seen {
-			li = len(leaders)
-			leaderIndex[id] = li
-			leaders = append(leaders, r)
+			hi = len(h.hostRanks)
+			index[id] = hi
+			h.hostRanks = append(h.hostRanks, nil)
 		}
 		crowded = crowded || seen
-		h.leaderOf[r] = li
+		h.leaderOf[r] = hi
+		h.localOf[r] = len(h.hostRanks[hi])
+		h.hostRanks[hi] = append(h.hostRanks[hi], r)
 	}
-	if !crowded || len(leaders) < 2 {
+	if !crowded || len(h.hostRanks) < 2 {
 		return nil
-	}
-	me := world.rank
-	h.host = newView(world, sameHost(hosts, me))
-	h.host.shm = shm
-	if leaders[h.leaderOf[me]] == me {
-		h.leaders = newView(world, leaders)
 	}
 	return h
 }
 
-// newView is the view of parent made of members (parent ranks,
-// ascending, parent's own rank among them).
+// newView is the view of parent made of members (parent ranks, in the
+// view's order, parent's own rank among them).
 func newView(parent *comm, members []int) *comm {
 	world := make([]int, len(members))
 	for i, m := range members {

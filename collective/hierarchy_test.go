@@ -49,12 +49,63 @@ func TestHierarchySetup(t *testing.T) {
 				if h.leaders != nil {
 					leaders = append(leaders, r)
 				}
+				if want := h.railRanks(h.localOf[r]); fmt.Sprint(h.rail.world) != fmt.Sprint(want) || h.rail.world[h.rail.rank] != r {
+					t.Errorf("rank %d: rail %v (rank %d in it), want %v", r, h.rail.world, h.rail.rank, want)
+				}
 				if h.host.size() > 1 && !h.host.shared() {
 					t.Errorf("rank %d: host of %d ranks without shared memory", r, h.host.size())
 				}
 			}
 			if fmt.Sprint(leaders) != fmt.Sprint(tc.leaders) {
 				t.Errorf("leaders %v, want %v", leaders, tc.leaders)
+			}
+		})
+	}
+}
+
+// TestLayOut: hosts numbered by their lowest rank, local indices, rails
+// (one rank of each host that has the index, in host order), and no
+// hierarchy where it would save nothing.
+func TestLayOut(t *testing.T) {
+	cases := []struct {
+		hosts    []string
+		none     bool
+		host     []int   // host index of each rank
+		local    []int   // local index of each rank
+		rails    [][]int // rail l's world ranks
+		minLocal int
+	}{
+		{hosts: []string{"a", "a", "b", "b"}, host: []int{0, 0, 1, 1}, local: []int{0, 1, 0, 1}, rails: [][]int{{0, 2}, {1, 3}}, minLocal: 2},
+		{hosts: []string{"a", "b", "a", "b"}, host: []int{0, 1, 0, 1}, local: []int{0, 0, 1, 1}, rails: [][]int{{0, 1}, {2, 3}}, minLocal: 2},
+		{hosts: []string{"b", "a", "a", "b"}, host: []int{0, 1, 1, 0}, local: []int{0, 0, 1, 1}, rails: [][]int{{0, 1}, {3, 2}}, minLocal: 2},
+		{hosts: []string{"a", "a", "a", "b"}, host: []int{0, 0, 0, 1}, local: []int{0, 1, 2, 0}, rails: [][]int{{0, 3}, {1}, {2}}, minLocal: 1},
+		{hosts: []string{"a", "b", "c", "a", "b", "b", "c"}, host: []int{0, 1, 2, 0, 1, 1, 2}, local: []int{0, 0, 0, 1, 1, 2, 1}, rails: [][]int{{0, 1, 2}, {3, 4, 6}, {5}}, minLocal: 2},
+		{hosts: []string{"a", "", "a", ""}, host: []int{0, 1, 0, 2}, local: []int{0, 0, 1, 0}, rails: [][]int{{0, 1, 3}, {2}}, minLocal: 1},
+		{hosts: []string{"a", "b", "c"}, none: true},
+		{hosts: []string{"a", "a", "a"}, none: true},
+		{hosts: []string{"", ""}, none: true},
+	}
+	for _, tc := range cases {
+		t.Run(fmt.Sprint(tc.hosts), func(t *testing.T) {
+			h := layOut(tc.hosts)
+			if (h == nil) != tc.none {
+				t.Fatalf("hierarchy %v, want %v", h != nil, !tc.none)
+			}
+			if h == nil {
+				return
+			}
+			var host, local []int
+			for r := range tc.hosts {
+				host = append(host, h.hostOf(r))
+				local = append(local, h.localOf[r])
+			}
+			var rails [][]int
+			for l := 0; len(h.railRanks(l)) > 0; l++ {
+				rails = append(rails, h.railRanks(l))
+			}
+			got := fmt.Sprint(host, local, rails, h.minLocal())
+			if want := fmt.Sprint(tc.host, tc.local, tc.rails, tc.minLocal); got != want {
+				t.Errorf("host, local, rails, min local = %s, want %s", got, want)
 			}
 		})
 	}
