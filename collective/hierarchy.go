@@ -51,6 +51,11 @@ type hierarchy struct {
 	localOf []int
 	// hostRanks[h] is host h's world ranks, ascending.
 	hostRanks [][]int
+
+	// twoD says the all_reduce runs in two dimensions (a host's ranks
+	// share memory: hierarchy_allreduce.go), else through the leaders.
+	twoD   bool
+	reduce railReduce // the all_reduce in flight, its scratch reused
 }
 
 // hostOf is the index of world rank r's host.
@@ -80,12 +85,14 @@ func (h *hierarchy) railRanks(l int) []int {
 // newHierarchy builds the views of world, whose ranks run on hosts (an
 // empty id is a host of its own), or returns nil when no host runs two
 // ranks or all run on one: hierarchy would not save anything. shm is
-// this host's shared memory, or nil.
-func newHierarchy(world *comm, hosts []string, shm *shmWorld) *hierarchy {
+// this host's shared memory, or nil; shared says the world's hosts
+// share memory among their ranks (every rank is told the same).
+func newHierarchy(world *comm, hosts []string, shm *shmWorld, shared bool) *hierarchy {
 	h := layOut(hosts)
 	if h == nil {
 		return nil
 	}
+	h.twoD = shared
 	me := world.rank
 	h.host = newView(world, h.hostRanks[h.hostOf(me)])
 	h.host.shm = shm
@@ -149,13 +156,24 @@ func (v *comm) join(o *op) *op {
 // op.finish it neither fails the world nor tells anyone: the world op
 // does, with the error this returns.
 func (v *comm) leave(vo *op, err error) error {
+	return v.settle(vo, v.viewErr(err))
+}
+
+// settle is leave for an error in the parent's terms already.
+func (v *comm) settle(vo *op, err error) error {
 	if err == nil {
-		err = vo.flush()
+		err = v.viewErr(vo.flush())
 	}
 	if err != nil {
 		vo.withdraw()
 	}
 	vo.release()
+	return err
+}
+
+// viewErr is err, which an op of view v returned, in the parent's terms:
+// the world's failure once it has one.
+func (v *comm) viewErr(err error) error {
 	if err == nil {
 		return nil
 	}
@@ -198,31 +216,6 @@ func (c *comm) inParentTerms(err error) error {
 		return &e
 	}
 	return err
-}
-
-// allReduceHierarchical reduces buf on each host at its leader, across
-// the leaders, and back to each host.
-func (o *op) allReduceHierarchical(buf []byte) error {
-	h := o.c.hier
-	if err := h.host.reduceToLeader(o, buf); err != nil {
-		return err
-	}
-	if h.leaders != nil {
-		lo := h.leaders.join(o)
-		var err error
-		switch h.leaders.allReduceAlgorithm(len(buf)) {
-		case algoRD:
-			err = lo.allReduceDoubling(buf)
-		case algoRHD:
-			err = lo.allReduceHalving(buf)
-		default:
-			err = lo.allReduceRing(buf)
-		}
-		if err = h.leaders.leave(lo, err); err != nil {
-			return err
-		}
-	}
-	return h.host.broadcastFromLeader(o, buf)
 }
 
 // barrierHierarchical returns once every rank has entered: each host

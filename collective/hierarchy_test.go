@@ -116,8 +116,12 @@ func TestLayOut(t *testing.T) {
 // reference (the test data make every order of combining exact) and the
 // same bits as every other rank; broadcast and barrier work too.
 func TestHierarchicalAllReduce(t *testing.T) {
-	layouts := [][]int{{0, 0, 1, 1}, {0, 0, 0, 1}, {0, 1, 0, 1, 1}}
-	sizes := []int{8, 4096, 3<<20 + 24} // beyond a shared-memory slot
+	// Two and three hosts, even and uneven; with one rank on a host only
+	// the leaders' rail carries the sums.
+	layouts := [][]int{{0, 0, 1, 1}, {0, 0, 0, 1}, {0, 1, 0, 1, 1}, {0, 1, 2, 0, 1, 1, 2}}
+	// One piece by recursive doubling across, one piece by parts, and
+	// pieces beyond a shared-memory slot (hierarchy_allreduce.go).
+	sizes := []int{8, 4096, 200<<10 + 40, 3<<20 + 24}
 	for _, transport := range []string{"auto", "unix"} {
 		for _, hosts := range layouts {
 			t.Run(fmt.Sprintf("%s/%v", transport, hosts), func(t *testing.T) {
