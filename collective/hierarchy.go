@@ -7,12 +7,14 @@ import (
 )
 
 // Hierarchical collectives, for a world that spans hosts where some host
-// runs more than one rank. A collective runs in three phases: the ranks
-// of each host combine their data in shared memory at the host's leader
-// (its lowest rank), the leaders run the collective among themselves
-// over TCP, and each leader hands the result to its host in shared
-// memory. Only one rank per host then crosses the network, with the
-// host's whole contribution, instead of every rank.
+// runs more than one rank: the default there (algorithm.go), since each
+// host's link then carries the host's data once instead of once per
+// rank. A collective runs in phases: the ranks of each host combine
+// their data in shared memory, the collective runs across hosts over
+// TCP, and the result is handed out to each host's ranks in shared
+// memory. The all_reduce crosses on every rail at once, each local rank
+// with its share of the buffer (hierarchy_allreduce.go); broadcast and
+// barrier cross between the hosts' leaders (their lowest ranks).
 //
 // The phases run on views of the world: communicators of a subset of its
 // ranks that share its id, its call (the op's header, so every frame and
@@ -25,12 +27,12 @@ import (
 // ranks in the view's terms: the error is translated to world ranks
 // (inParentTerms) before the world op fails with it and tells every rank.
 //
-// Every element's result is computed by the leaders from the hosts'
-// sums, in an order every leader shares (the flat algorithms' guarantee
-// among them), then copied to every rank: all ranks get the same bits.
-// They are not the bits of a flat all_reduce, which adds in rank order
-// ((x0+x1)+x2)+x3 where this adds (x0+x1)+(x2+x3); for the integer types
-// and for exact floating-point sums the results agree.
+// Every element's result is computed from the hosts' sums (each in rank
+// order), in an order shared by every rank that computes it, then copied
+// to every rank: all ranks get the same bits. They are not the bits of a flat
+// all_reduce, which adds in rank order ((x0+x1)+x2)+x3 where this adds
+// (x0+x1)+(x2+x3); for the integer types and for exact floating-point
+// sums the results agree.
 
 // hierarchy is the world's views for hierarchical collectives, and
 // where every rank sits: host h runs ranks hostRanks[h] (ascending),

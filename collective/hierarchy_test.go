@@ -231,6 +231,20 @@ func TestHierarchicalMismatch(t *testing.T) {
 			}
 			return c.AllReduce(ctx, make([]byte, 4*n), Float32, Sum)
 		}},
+		{"pieces: count on another host", func(ctx context.Context, r int, c Comm) error {
+			n := 1 << 20
+			if r == 3 {
+				n = 3 << 19
+			}
+			return c.AllReduce(ctx, make([]byte, 4*n), Float32, Sum)
+		}},
+		{"pieces: broadcast on the other rail", func(ctx context.Context, r int, c Comm) error {
+			buf := make([]byte, 4<<20)
+			if r == 1 {
+				return c.Broadcast(ctx, buf, Float32, 0)
+			}
+			return c.AllReduce(ctx, buf, Float32, Sum)
+		}},
 		{"send and barrier vs all_reduce", func(ctx context.Context, r int, c Comm) error {
 			buf := make([]byte, 4096)
 			if r == 1 {
@@ -272,6 +286,14 @@ func TestHierarchicalPeerDeath(t *testing.T) {
 			closeDuringAllReduce(t, testContext(t, 60*time.Second), comms, victim, 4<<20)
 		})
 	}
+	// Three hosts of 2, 3 and 2 ranks, by default: a rank on a rail, and
+	// one on no rail (the host of 3's third).
+	for _, victim := range []int{4, 5} {
+		t.Run(fmt.Sprintf("uneven/rank %d", victim), func(t *testing.T) {
+			comms := hostsWorld(t, []int{0, 1, 2, 0, 1, 1, 2}, TCPOptions{})
+			closeDuringAllReduce(t, testContext(t, 60*time.Second), comms, victim, 4<<20)
+		})
+	}
 }
 
 // BenchmarkHierarchicalAllReduce compares, on 2 hosts of 2 ranks faked
@@ -294,6 +316,70 @@ func BenchmarkHierarchicalAllReduce(b *testing.B) {
 				}
 				timeAllReduce(b, s.bytes, len(comms), run)
 			})
+		}
+	}
+}
+
+// TestAutomaticChoice: the algorithm each collective takes by itself,
+// from where the ranks run and the size.
+func TestAutomaticChoice(t *testing.T) {
+	oneHost := topology{ranks: 4, shared: true}
+	flat := topology{ranks: 4}
+	flat3 := topology{ranks: 3}
+	hier := topology{ranks: 4, hier: true}
+	cases := []struct {
+		name      string
+		t         topology
+		n         int
+		allReduce algorithm
+		broadcast algorithm
+	}{
+		{"one host, small", oneHost, 8, algoShmFlat, algoShm},
+		{"one host, large", oneHost, 16 << 20, algoShm, algoShm},
+		{"hosts of one rank, 8 B", flat, 8, algoRD, algoTree},
+		{"hosts of one rank, 1 MiB", flat, 1 << 20, algoRHD, algoChain},
+		{"hosts of one rank, 16 MiB", flat, 16 << 20, algoRing, algoChain},
+		{"3 hosts of one rank, 1 MiB", flat3, 1 << 20, algoRing, algoChain},
+		{"hosts of several ranks, 8 B", hier, 8, algoHier, algoHier},
+		{"hosts of several ranks, 64 KiB", hier, 64 << 10, algoHier, algoHier},
+		{"hosts of several ranks, 1 MiB", hier, 1 << 20, algoHier, algoHier},
+		{"hosts of several ranks, 64 MiB", hier, 64 << 20, algoHier, algoHier},
+	}
+	for _, tc := range cases {
+		if got := chooseAllReduce(tc.t, tc.n); got != tc.allReduce {
+			t.Errorf("%s: all_reduce %v, want %v", tc.name, got, tc.allReduce)
+		}
+		if got := chooseBroadcast(tc.t, tc.n); got != tc.broadcast {
+			t.Errorf("%s: broadcast %v, want %v", tc.name, got, tc.broadcast)
+		}
+	}
+	for _, tc := range []struct {
+		t    topology
+		want algorithm
+	}{{oneHost, algoShmFlat}, {flat, algoDissemination}, {hier, algoHier}} {
+		if got := chooseBarrier(tc.t); got != tc.want {
+			t.Errorf("barrier on %+v: %v, want %v", tc.t, got, tc.want)
+		}
+	}
+}
+
+// TestHierarchyByDefault: on hosts of several ranks with shared memory,
+// the collectives go by hosts unless GORUN_ALGO forces a flat one; with
+// GORUN_TRANSPORT=unix they stay flat.
+func TestHierarchyByDefault(t *testing.T) {
+	cases := []struct {
+		opts TCPOptions
+		want algorithm
+	}{
+		{TCPOptions{}, algoHier},
+		{TCPOptions{Algorithm: "ring"}, algoRing},
+		{TCPOptions{Transport: "unix"}, algoRing},
+	}
+	for _, tc := range cases {
+		comms := hostsWorld(t, []int{0, 0, 1, 1}, tc.opts)
+		c := comms[0].(*comm)
+		if got := c.allReduceAlgorithm(16 << 20); got != tc.want {
+			t.Errorf("%+v: all_reduce of 16 MiB by %v, want %v", tc.opts, got, tc.want)
 		}
 	}
 }
