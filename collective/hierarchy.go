@@ -237,33 +237,6 @@ func (o *op) barrierHierarchical() error {
 	return h.host.hostBarrier(o)
 }
 
-// broadcastHierarchical copies root's buf to root's host's leader, from
-// it to the other leaders, and from each to its host.
-func (o *op) broadcastHierarchical(buf []byte, root int) error {
-	h, me := o.c.hier, o.c.rank
-	rootLeader := h.leaderOf[root]
-	onRootHost := h.leaderOf[me] == rootLeader
-	if onRootHost {
-		// The whole of root's host gets it here: its leader too.
-		hv := h.host
-		hostRoot := hv.commRank(o.c.world[root], -1) // root is one of hv's ranks
-		ho := hv.join(o)
-		if err := hv.leave(ho, ho.broadcastInView(buf, hostRoot)); err != nil {
-			return err
-		}
-	}
-	if h.leaders != nil {
-		lo := h.leaders.join(o)
-		if err := h.leaders.leave(lo, lo.broadcastInView(buf, rootLeader)); err != nil {
-			return err
-		}
-	}
-	if onRootHost {
-		return nil
-	}
-	return h.host.broadcastFromLeader(o, buf)
-}
-
 // reduceToLeader reduces buf across host view v into its leader's buf.
 func (v *comm) reduceToLeader(o *op, buf []byte) error {
 	if v.size() == 1 {
