@@ -129,7 +129,10 @@ func TestHierarchicalAllReduce(t *testing.T) {
 				if comms[0].(*comm).hier == nil {
 					t.Fatal("no hierarchy")
 				}
-				ctx := testContext(t, 60*time.Second)
+				// A bound for a hang, not a timing: every type and
+				// operator under the race detector on 2 loaded cores
+				// took over a minute.
+				ctx := testContext(t, 5*time.Minute)
 				n := len(comms)
 				for _, dt := range allDTypes {
 					for _, op := range opsFor(dt) {
