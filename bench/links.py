@@ -15,7 +15,10 @@ nccl-tests' SIZE and busbw, slowest rank's mean time):
 - mpi: bench/anchor.py --mpi (mpi4py) under Open MPI's mpirun, started in
   host 1; the other hosts' daemons are started by a remote-shell agent
   that enters their namespace (--mca plm_rsh_agent), btl tcp between hosts
-  and shared memory (vader) within one.
+  and shared memory (vader) within one. mpi_yield_when_idle: every host's
+  ranks share this machine's cores, and Open MPI, counting 2 slots per
+  host, would otherwise spin as if each had cores of its own (a 4-host
+  8-byte all_reduce took 30 ms instead of about 1).
 - gloo: bench/anchor.py (torch's gloo) under the same gorun launch,
   GLOO_SOCKET_IFNAME=eth0.
 
@@ -36,6 +39,7 @@ starting (a crashed earlier run's).
     /usr/bin/python3 bench/links.py --gorun-bin ../other-tree/bin --systems gorun,gorun-hier --quick
 """
 import argparse
+import fcntl
 import json
 import os
 import re
@@ -101,8 +105,11 @@ def rate_bytes(rate):
 
 
 def half_rate(rate):
-    m = re.fullmatch(r"(\d+(?:\.\d+)?)([kmg]?bit)", rate.strip().lower())
-    return f"{float(m.group(1)) * RATE_UNITS[m.group(2)] / 2:.0f}bit"
+    bits = rate_bytes(rate) * 8 / 2
+    for unit in ("gbit", "mbit", "kbit"):
+        if bits >= RATE_UNITS[unit] and bits % RATE_UNITS[unit] == 0:
+            return f"{bits / RATE_UNITS[unit]:g}{unit}"
+    return f"{bits:.0f}bit"
 
 
 def sh(*argv, check=True):
@@ -121,6 +128,13 @@ class Hosts:
         self.n = 0
         self.rate = None
         self.tmp = None
+        # One run per prefix: teardown removes every PREFIX-* namespace,
+        # a concurrent run's too.
+        self.lock = open(f"/run/{prefix}.lock", "w")
+        try:
+            fcntl.flock(self.lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            sys.exit(f"links: another run uses the prefix {prefix}: give this one its own --prefix")
 
     def ns(self, i):
         return f"{self.prefix}-h{i + 1}"
@@ -211,6 +225,17 @@ class Hosts:
                 sh("tc", "-n", self.switch, "qdisc", "replace", "dev", f"p{i + 1}", "root", *tbf)
         self.rate = rate
 
+    def drops(self):
+        """Packets the shapers dropped so far, all links together: TCP
+        backs off on each, so many would mean the queues are too short."""
+        total = 0
+        places = [(self.ns(i), "eth0") for i in range(self.n)] + \
+            ([(self.switch, f"p{i + 1}") for i in range(self.n)] if self.n > 2 else [])
+        for ns, dev in places:
+            out = sh("tc", "-n", ns, "-s", "qdisc", "show", "dev", dev, check=False).stdout
+            total += sum(int(d) for d in re.findall(r"dropped (\d+)", out))
+        return total
+
     def write_agent(self):
         """The remote-shell agent mpirun starts other hosts' daemons with:
         AGENT HOST COMMAND... runs COMMAND (a shell line, as ssh's) in
@@ -246,12 +271,14 @@ def clean_env(**extra):
 
 def iterations(system, size, rate, quick):
     """(warmup, timed) calls: about half a second of link time per size
-    (a quarter with --quick), at least 3 timed."""
-    est = 200e-6 + 2 * size / rate_bytes(rate)
+    (a quarter with --quick), at least 3 timed. Small calls take a
+    millisecond or more here (2 cores run every host's ranks), so at most
+    a few hundred."""
+    est = 500e-6 + 2 * size / rate_bytes(rate)
     if system == "gloo":
         est *= 2
-    n = int(min(max((0.25 if quick else 0.6) / est, 3), 1000))
-    return max(1, min(n // 4, 100)), n
+    n = int(min(max((0.25 if quick else 0.6) / est, 3), 200 if quick else 500))
+    return max(1, min(n // 4, 50)), n
 
 
 class Runner:
@@ -275,7 +302,8 @@ class Runner:
             argv = ["mpirun", "--hostfile", net.hostfile, "-np", str(PER_HOST * net.n), "--bind-to", "none",
                     "--mca", "pml", "ob1", "--mca", "btl", f"tcp,{self.btl},self",
                     "--mca", "btl_tcp_if_include", subnet, "--mca", "oob_tcp_if_include", subnet,
-                    "--mca", "plm_rsh_agent", net.agent, "--mca", "plm_rsh_no_tree_spawn", "1"] + anchor + ["--mpi"]
+                    "--mca", "plm_rsh_agent", net.agent, "--mca", "plm_rsh_no_tree_spawn", "1",
+                    "--mca", "mpi_yield_when_idle", "1"] + anchor + ["--mpi"]
             return [(net.inside(0, argv), clean_env())]
         if system == "gloo":
             prog, algo = anchor, "auto"
@@ -483,7 +511,7 @@ def run(rounds, quick=False, hosts=HOSTS, ops=OPS, sizes=None, rate=RATE, system
     net = Hosts(prefix, subnet)
     runner = Runner(net, gorun_bin, quick, btl)
     result = {"rate": rate, "hosts": list(hosts), "ops": list(ops), "sizes": list(sizes), "rounds": rounds,
-              "per_host": PER_HOST, "load_start": os.getloadavg()[0], "times": [], "notes": {}, "rate_check": None}
+              "per_host": PER_HOST, "load_start": os.getloadavg()[0], "times": [], "notes": {}, "rate_check": [], "drops": {}}
     began = time.monotonic()
 
     def stop(signum, _frame):
@@ -507,8 +535,10 @@ def run(rounds, quick=False, hosts=HOSTS, ops=OPS, sizes=None, rate=RATE, system
                             result["times"].append({"system": system, "op": op, "hosts": h, "size": size,
                                                     "round": r, "time_us": t})
                     log(f"[links {h} hosts, round {r + 1}/{rounds}] {op}: {time.monotonic() - t0:.0f} s")
-            if rate_check and h == min(hosts):
-                result["rate_check"] = check_link_bound(runner, net, rate, max(rounds, 2))
+            result["drops"][str(h)] = net.drops()
+            if rate_check:
+                best = fastest(result, h)
+                result["rate_check"].append(check_link_bound(runner, net, rate, max(rounds, 2), best))
             net.teardown()
     finally:
         net.teardown()
@@ -518,22 +548,34 @@ def run(rounds, quick=False, hosts=HOSTS, ops=OPS, sizes=None, rate=RATE, system
     return result
 
 
-def check_link_bound(runner, net, rate, rounds):
-    """gorun's hierarchical all_reduce of 16 MiB at rate and at half of it,
-    alternating: {rate: [busbw per round]}."""
+def fastest(result, hosts, size=16 << 20):
+    """gorun's fastest system at a 16 MiB all_reduce on hosts, where the
+    rounds measured one; else the hierarchical one."""
+    got = {}
+    for t in result["times"]:
+        if (t["op"], t["hosts"], t["size"]) == ("allreduce", hosts, size) and t["system"].startswith("gorun"):
+            got.setdefault(t["system"], []).append(t["time_us"])
+    return min(got, key=lambda s: statistics.median(got[s])) if got else "gorun-hier"
+
+
+def check_link_bound(runner, net, rate, rounds, system):
+    """system's all_reduce of 16 MiB at rate and at half of it,
+    alternating: {rate: [busbw per round]}. Were the link all of the time,
+    halving the rate would double it; what scales with the rate is
+    (t(half) - t(rate)) / t(rate) of it."""
     size, half = 16 << 20, half_rate(rate)
     got = {rate: [], half: []}
     world = PER_HOST * net.n
     for r in range(rounds):
         for at in ((rate, half) if r % 2 == 0 else (half, rate)):
             net.shape(at)
-            t = runner.measure("gorun-hier", "allreduce", (size,))
+            t = runner.measure(system, "allreduce", (size,))
             if isinstance(t, list):
                 got[at].append(expected("allreduce", size, world)[0] / (t[0] * 1e-6) / 1e9 *
                                BUS_FACTOR["allreduce"](world))
     net.shape(rate)
     log(f"[links rate check] {got}")
-    return {"hosts": net.n, "size": size, "rate": rate, "half": half, "busbw": got}
+    return {"hosts": net.n, "size": size, "rate": rate, "half": half, "busbw": got, "system": system}
 
 
 # --- the tables ---------------------------------------------------------------
@@ -630,6 +672,10 @@ class Table:
                 lines.append("")
             lines += self.algo_bounds(hosts) + [""]
         lines += self.rate_lines(verdicts)
+        drops = res.get("drops") or {}
+        if drops:
+            lines.append("Packets the shapers dropped over the run: " +
+                         ", ".join(f"{d} on {h} hosts" for h, d in drops.items()) + ".")
         notes = sorted(f"{k.replace('|', ' ', 1).replace('|', ' on ')} hosts: {v}" for k, v in res["notes"].items())
         if notes:
             lines += [""] + [f"- {n}" for n in notes]
@@ -681,20 +727,23 @@ class Table:
                 "| collective | algorithm | bound busbw | measured | % of bound |", "|---|---|---|---|---|"] + rows
 
     def rate_lines(self, verdicts):
-        rc = self.res.get("rate_check")
-        if not rc:
-            return []
-        a, b = rc["busbw"].get(rc["rate"]), rc["busbw"].get(rc["half"])
-        if not a or not b:
-            verdicts.append(("links: the link is the bottleneck", "not run", False))
-            return ["Link check: not run."]
-        ratio = statistics.median(a) / statistics.median(b)
-        met = ratio >= LINK_BOUND_RATIO
-        verdicts.append((f"links: the link is the bottleneck (busbw at {rc['rate']} / at {rc['half']})",
-                         f"{ratio:.2f}x (need {LINK_BOUND_RATIO:.2f}x)", met))
-        return [f"Link check: gorun-hier all_reduce {label(rc['size'])} on {rc['hosts']} hosts: "
-                f"{statistics.median(a):.3f} GB/s at {rc['rate']}, {statistics.median(b):.3f} at {rc['half']}: "
-                f"{ratio:.2f}x for 2x the rate ({'the link is the bottleneck' if met else 'NOT link-bound'})."]
+        lines = []
+        for rc in self.res.get("rate_check") or []:
+            a, b = rc["busbw"].get(rc["rate"]), rc["busbw"].get(rc["half"])
+            what = f"links: the link is the bottleneck on {rc['hosts']} hosts (busbw at {rc['rate']} / at {rc['half']})"
+            if not a or not b:
+                verdicts.append((what, "not run", False))
+                lines.append(f"Link check, {rc['hosts']} hosts: not run (failed).")
+                continue
+            ratio = statistics.median(a) / statistics.median(b)
+            met = ratio >= LINK_BOUND_RATIO
+            verdicts.append((what, f"{ratio:.2f}x (need {LINK_BOUND_RATIO:.2f}x)", met))
+            lines.append(f"Link check: {rc.get('system', 'gorun-hier')} all_reduce {label(rc['size'])} on "
+                         f"{rc['hosts']} hosts: {statistics.median(a):.3f} GB/s at {rc['rate']}, "
+                         f"{statistics.median(b):.3f} at {rc['half']}: {ratio:.2f}x for 2x the rate, "
+                         f"{ratio - 1:.0%} of its time at {rc['rate']} is the link's "
+                         f"({'the link is the bottleneck' if met else 'NOT link-bound: the cores, or phases the link waits on'}).")
+        return lines
 
 
 def render(result):
