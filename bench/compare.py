@@ -30,7 +30,10 @@ FILE-links-OP.png, bus bandwidth against size, a line per system
 The machine is shared and noisy: read the ratios, which come from the same
 run, rather than the figures. Progress goes to stderr, the tables to
 stdout (and to --out). Every missing tool stops the run before it starts,
-naming its Debian package. The full run takes 10 to 15 minutes on 2 cores.
+naming its Debian package. The full run takes 10 to 15 minutes on 2 cores,
+and the links section as long again per round (16 minutes for one round
+of 3 sizes with the machine at load 30: every host's ranks share the
+cores).
 
     make bench-compare
     /usr/bin/python3 bench/compare.py --quick
