@@ -49,7 +49,8 @@ bench:
 
 # gorun against torch 1.13 and OpenMPI on this host, in one run of 10 to 15
 # minutes: every collective (gloo, mpi4py over shared memory and over TCP),
-# the launcher (mpirun, torchrun, timed by hyperfine) and the store (torch's
+# the same between 2 and 4 emulated hosts on links shaped to 2 Gbit/s
+# (bench/links.py: network namespaces and tc, root), the launcher (mpirun, torchrun, timed by hyperfine) and the store (torch's
 # TCPStore server), and cluster scale (the store to 19K simulated ranks,
 # rounds of 4,096 nodes, 64 and 128 sshd hosts against mpirun, 256 workers
 # on a node against torchrun: bench/scale_*.py, tens of minutes, root for
@@ -57,7 +58,9 @@ bench:
 # or missed. Needs python3-torch, python3-mpi4py, openmpi-bin and hyperfine;
 # it stops naming whatever is missing. Narrow it with BENCH_FLAGS, e.g.
 # BENCH_FLAGS=--quick or BENCH_FLAGS='--sections collectives --ops allreduce'
-# or BENCH_FLAGS='--sections scale --scale-parts store,rdzv'.
+# or BENCH_FLAGS='--sections scale --scale-parts store,rdzv'. With
+# BENCH_FLAGS='--out FILE.md' the figures (bus bandwidth against size per
+# collective, python3-matplotlib) go beside FILE.md.
 bench-compare: build
 	$(GO) build -o $(BIN)/ ./bench/storeserver ./bench/storesim ./bench/storefloor ./bench/wideworker ./bench/sshstamp
 	/usr/bin/python3 bench/compare.py $(BENCH_FLAGS)

@@ -7,6 +7,11 @@ issue's targets marked met or missed:
                all_to_all at 8 B, 64 KiB, 1 MiB, 16 MiB and 64 MiB, world 2
                and 4 (bench/collectives.py says exactly how each system is
                measured, and checks they all agree)
+  links        the same collectives between 2 and 4 emulated hosts
+               (network namespaces, 2 ranks each, links shaped to 2 Gbit/s
+               by tc tbf): gorun's automatic choice and every algorithm
+               GORUN_ALGO forces, Open MPI over TCP and gloo, against the
+               link's bound (bench/links.py; root)
   launcher     4 workers of /bin/true under gorun, mpirun and torchrun,
                timed by hyperfine (bench/launcher.py)
   store        set/get/add ops/s of torch's TCPStore clients against
@@ -18,10 +23,17 @@ issue's targets marked met or missed:
                and 256 workers on one node against torchrun
                (scale_wide.py)
 
+Beside --out (FILE.md) go the figures: FILE-collectives-OP.png and
+FILE-links-OP.png, bus bandwidth against size, a line per system
+(bench/plot.py; python3-matplotlib).
+
 The machine is shared and noisy: read the ratios, which come from the same
 run, rather than the figures. Progress goes to stderr, the tables to
 stdout (and to --out). Every missing tool stops the run before it starts,
-naming its Debian package. The full run takes 10 to 15 minutes on 2 cores.
+naming its Debian package. The full run takes 10 to 15 minutes on 2 cores,
+and the links section as long again per round (16 minutes for one round
+of 3 sizes with the machine at load 30: every host's ranks share the
+cores).
 
     make bench-compare
     /usr/bin/python3 bench/compare.py --quick
@@ -43,10 +55,12 @@ import time
 sys.dont_write_bytecode = True
 import collectives  # noqa: E402
 import launcher  # noqa: E402
+import links  # noqa: E402
+import plot  # noqa: E402
 import store  # noqa: E402
-from common import PY, ROOT  # noqa: E402
+from common import PY, ROOT, log  # noqa: E402
 
-SECTIONS = ("collectives", "launcher", "store", "scale")
+SECTIONS = ("collectives", "links", "launcher", "store", "scale")
 SCALE_PARTS = ("store", "rdzv", "ssh", "wide")
 
 
@@ -62,21 +76,25 @@ def missing(sections):
     naming what to install or build."""
     needs = []
     bins = {"gorun": "make build", "allreduce-perf": "make build", "storeserver": "go build -o bin/ ./bench/storeserver"}
-    wanted = {"gorun"} | ({"allreduce-perf"} if "collectives" in sections else set()) | \
+    wanted = {"gorun"} | ({"allreduce-perf"} if {"collectives", "links"} & set(sections) else set()) | \
         ({"storeserver"} if {"store", "scale"} & set(sections) else set())
     for name in sorted(wanted):
         if not os.access(os.path.join(ROOT, "bin", name), os.X_OK):
             needs.append(f"bin/{name} is not built: run {bins[name]}")
     tools = {}
-    if "collectives" in sections:
+    if {"collectives", "links"} & set(sections):
         tools.update(mpirun="openmpi-bin", ompi_info="openmpi-bin")
+    if "links" in sections:
+        tools.update(ip="iproute2", tc="iproute2", unshare="util-linux")
+        if os.geteuid() != 0:
+            needs.append("the links section needs root (network namespaces, tc): run as root or leave it out")
     if "launcher" in sections:
         tools.update(mpirun="openmpi-bin", hyperfine="hyperfine")
     for tool, package in sorted(tools.items()):
         if shutil.which(tool) is None:
             needs.append(f"{tool} is not on PATH: apt-get install {package}")
     modules = {"torch": "python3-torch"}
-    if "collectives" in sections:
+    if {"collectives", "links"} & set(sections):
         modules.update(mpi4py="python3-mpi4py", numpy="python3-numpy")
     if not os.access(PY, os.X_OK):
         needs.append(f"{PY} does not exist: apt-get install python3 python3-torch (or set GORUN_BENCH_PYTHON)")
@@ -86,7 +104,16 @@ def missing(sections):
         if proc.returncode != 0:
             why = (proc.stderr.strip().splitlines() or ["no error output"])[-1]
             needs.append(f"{PY} cannot import {module}: apt-get install {package} ({why})")
+    if plots_wanted(sections):
+        try:
+            import matplotlib  # noqa: F401
+        except ImportError:
+            needs.append(f"{sys.executable} cannot import matplotlib (the figures): apt-get install python3-matplotlib")
     return needs
+
+
+def plots_wanted(sections):
+    return bool({"collectives", "links"} & set(sections))
 
 
 def first_line(argv):
@@ -141,7 +168,10 @@ def main():
     p.add_argument("--worlds", type=lambda s: tuple(int(v) for v in s.split(",")), default=collectives.WORLDS)
     p.add_argument("--scale-parts", type=list_arg(SCALE_PARTS), default=SCALE_PARTS,
                    help="parts of the scale section, some of " + ",".join(SCALE_PARTS))
-    p.add_argument("--out", help="also write the tables to this file")
+    p.add_argument("--hosts", type=lambda s: tuple(int(v) for v in s.split(",")), default=links.HOSTS,
+                   help="emulated host counts of the links section, of 2,4 (default both)")
+    p.add_argument("--rate", default=links.RATE, help="links section: each link's rate, as tc reads it (default 2gbit)")
+    p.add_argument("--out", help="also write the tables to this file, and the figures beside it")
     p.add_argument("--json", help="write every round's raw figures to this file")
     p.add_argument("--strict", action="store_true", help="exit 1 when a target is missed")
     args = p.parse_args()
@@ -165,6 +195,14 @@ def main():
         lines += table.render(args.ops, sizes, args.worlds, rounds) + [""]
         verdicts += table.verdicts
         raw["collectives"] = table.raw()
+    if "links" in args.sections:
+        # Each links round runs every system on every host count: a few
+        # minutes; three rounds at most.
+        result = links.run(min(rounds, 3), args.quick, args.hosts, args.ops, args.sizes, args.rate)
+        link_lines, link_verdicts = links.render(result)
+        lines += link_lines + [""]
+        verdicts += link_verdicts
+        raw["links"] = result
     if "launcher" in args.sections:
         launch_times = launcher.run(rounds, args.quick, skip_torchrun=args.quick)
         launch_lines, launch_verdicts = launcher.render(launch_times)
@@ -201,6 +239,14 @@ def main():
     if args.json:
         with open(args.json, "w") as f:
             json.dump(raw, f, indent=1)
+    if args.out and plots_wanted(args.sections):
+        out_dir, stem = os.path.split(os.path.splitext(os.path.abspath(args.out))[0])
+        figures = []
+        if "collectives" in raw:
+            figures += plot.plot_collectives(raw["collectives"], out_dir, stem)
+        if "links" in raw:
+            figures += plot.plot_links(raw["links"], out_dir, stem)
+        log("bench-compare: figures " + ", ".join(os.path.relpath(f) for f in figures))
     if args.strict and missed:
         sys.exit(1)
 
