@@ -183,6 +183,13 @@ func (c *comm) allGatherAlgorithm(n int) algorithm {
 	switch c.cfg.algo {
 	case algoRing, algoBruck:
 		return c.cfg.algo
+	case algoHier:
+		if c.grid != nil {
+			return algoHier
+		}
+	}
+	if c.grid != nil && hierMovementPays(c.grid.hosts, c.grid.local, n) {
+		return algoHier
 	}
 	if c.size() >= 4 && n <= allGatherBruckMax {
 		return algoBruck
@@ -194,6 +201,13 @@ func (c *comm) reduceScatterAlgorithm(n int) algorithm {
 	switch c.cfg.algo {
 	case algoRing, algoRD:
 		return c.cfg.algo
+	case algoHier:
+		if c.grid != nil {
+			return algoHier
+		}
+	}
+	if c.grid != nil && hierMovementPays(c.grid.hosts, c.grid.local, n) {
+		return algoHier
 	}
 	if c.shared() {
 		return algoShm

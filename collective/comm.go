@@ -178,6 +178,7 @@ func NewTCP(ctx context.Context, store rendezvous.Store, rank, size int, opts TC
 		world.shm = t.shm
 	} else {
 		world.hier = newHierarchy(world, hosts, t.shm)
+		world.grid = newGrid(world.hier, rank)
 	}
 	if err := t.register(world); err != nil {
 		t.close()
@@ -240,6 +241,9 @@ type comm struct {
 	// hier splits the world's collectives by host when the world spans
 	// hosts and some host runs more than one rank (hierarchy.go).
 	hier *hierarchy
+	// grid lays hier out as hosts x ranks when every host runs as many
+	// (hierarchy_movement.go).
+	grid *grid
 	// parent is the communicator a view belongs to: it shares the
 	// parent's id, frames and failure, and names ranks in its own terms.
 	parent *comm
