@@ -218,6 +218,16 @@ func (c *comm) reduceScatterAlgorithm(n int) algorithm {
 	return algoRing
 }
 
+// allToAllAlgorithm is all_to_all's: by host on a grid (where it pays),
+// else shared memory or pairwise exchange. Ranks with uneven counts hold
+// buffers of different sizes, so the choice goes by the topology alone.
+func (c *comm) allToAllAlgorithm() algorithm {
+	if c.grid != nil && (c.cfg.algo == algoHier || c.cfg.algo != algoDirect && hierAllToAllPays(c.grid.hosts, c.grid.local)) {
+		return algoHier
+	}
+	return c.movementAlgorithm(algoDirect)
+}
+
 // movementAlgorithm is the algorithm of a collective that has one over
 // sockets, sockets, and one in shared memory: sockets when GORUN_ALGO
 // names it or there is no shared memory.

@@ -2,6 +2,7 @@ package collective
 
 import (
 	"cmp"
+	"encoding/binary"
 	"errors"
 )
 
@@ -81,6 +82,12 @@ const hierMovementMin = 0
 // grid of hosts x local ranks (hosts 0 when the world is no grid).
 func hierMovementPays(hosts, local, n int) bool {
 	return hosts >= 2 && local >= 2 && n >= hierMovementMin
+}
+
+// hierAllToAllPays is the default choice between pairwise exchange and
+// the hierarchical all_to_all on a grid of hosts x local ranks.
+func hierAllToAllPays(hosts, local int) bool {
+	return hosts >= 2 && local >= 2
 }
 
 // allGatherHierarchical gathers every rank's in into out: the rail's
@@ -309,4 +316,161 @@ func countsKey(counts []int) int32 {
 		}
 	}
 	return int32(h)
+}
+
+// allToAllHierarchical sends piece sends[d] of in to every rank d and
+// receives rank s's for us into recvs[s] of out, aggregated by host: in
+// shared memory, the j-th rank of each host collects its host's pieces
+// for rail j (and every rank its own host's pieces for it), and sends
+// each other host's rank of the rail the host's pieces for it, window by
+// window as they are collected; that rank receives them straight into
+// place. Between hosts, each rank then talks to hosts-1 peers instead
+// of n-local, in fewer and larger messages. The host's ranks first
+// share their send counts, so that each knows what its peers hand it.
+func (o *op) allToAllHierarchical(out, in []byte, sends, recvs []span) error {
+	g, n, es := o.c.grid, o.c.size(), o.hdr.dtype.Size()
+	me, idx, H, L := o.c.rank, g.index, g.hosts, g.local
+	hv := o.c.hier.host
+	// Every host rank's piece lengths, in bytes: lens[j*n+d] from the
+	// host's j-th rank to world rank d.
+	table := o.scratch(8 * n * (L + 1))
+	own, all := table[:8*n], table[8*n:]
+	for d, s := range sends {
+		binary.LittleEndian.PutUint64(own[8*d:], uint64(s.len))
+	}
+	ho := hv.join(o)
+	if err := hv.leave(ho, ho.allGatherShared(all, own, -1)); err != nil {
+		return err
+	}
+	length := func(j, d int) int { return int(binary.LittleEndian.Uint64(all[8*(j*n+d):])) }
+	sub := subSlot(hv.shm.slot, L*H)
+	rounds := 1
+	for j := range L {
+		for d := range n {
+			rounds = max(rounds, roundsFor(length(j, d), sub))
+		}
+	}
+	// Staged: this host's pieces for rail rank at(h, idx), from the
+	// host's j-th rank, for j != idx (ours go from in).
+	stagedLen := 0
+	for h := range H {
+		for j := range L {
+			if h != g.host && j != idx {
+				stagedLen += length(j, g.at(h, idx))
+			}
+		}
+	}
+	staging := o.scratch(stagedLen)
+	staged := func(h, j int) []byte {
+		off := 0
+		for hh := range H {
+			for jj := range L {
+				if hh == h && jj == j {
+					return staging[off:][:length(j, g.at(h, idx))]
+				}
+				if hh != g.host && jj != idx {
+					off += length(jj, g.at(hh, idx))
+				}
+			}
+		}
+		return nil
+	}
+	// Messages between hosts go window by window, the host's ranks in
+	// order within a window; an empty piece still sends one (empty)
+	// frame, in the first.
+	carries := func(bytes, k int) (span, bool) {
+		w := window(span{0, bytes}, k, sub)
+		return w, w.len > 0 || k == 0
+	}
+	ho = hv.join(o) // before the frames' counts change o.hdr
+	for j := range L {
+		if from := g.at(g.host, j); j != idx && length(j, me) != recvs[from].len {
+			return hv.leave(ho, ho.pairMismatch(j, uint64(recvs[from].len/es), uint64(length(j, me)/es)))
+		}
+	}
+	first := len(o.recvs)
+	for h := range H {
+		if h == g.host {
+			continue
+		}
+		peer := g.at(h, idx)
+		for k := 0; ; k++ {
+			any := false
+			for j := range L {
+				piece := recvs[g.at(h, j)]
+				if w, ok := carries(piece.len, k); ok {
+					any = true
+					o.hdr.count = uint64(piece.len / es)
+					o.expect(peer, w.of(piece.of(out)), w.off)
+				}
+			}
+			if !any {
+				break
+			}
+		}
+	}
+	var werr error // the world op's, in its terms already
+	err := ho.runShared(func(s *shmWorld) error {
+		for k := range rounds {
+			b := s.next()
+			slot, err := ho.claimSlot(b)
+			if err != nil {
+				return err
+			}
+			for j := range L {
+				if j == idx {
+					continue
+				}
+				for h := range H {
+					copyCached(slot[(j*H+h)*sub:], window(sends[g.at(h, j)], k, sub).of(in))
+				}
+			}
+			ho.signalWritten(b)
+			if k == 0 {
+				copyCached(recvs[me].of(out), sends[me].of(in))
+			}
+			err = ho.eachWritten(b, func(j int) error {
+				theirs := ho.slotOf(j, b)
+				for h := range H {
+					w := window(span{0, length(j, g.at(h, idx))}, k, sub)
+					part := theirs[(idx*H+h)*sub:][:w.len]
+					if h == g.host {
+						copyCached(w.of(recvs[g.at(h, j)].of(out)), part)
+					} else {
+						copyCached(w.of(staged(h, j)), part)
+					}
+				}
+				return nil
+			})
+			if err != nil {
+				return err
+			}
+			ho.signalConsumed(b)
+			for h := range H {
+				if h == g.host {
+					continue
+				}
+				peer := g.at(h, idx)
+				for j := range L {
+					piece := sends[peer].of(in)
+					if j != idx {
+						piece = staged(h, j)
+					}
+					if w, ok := carries(len(piece), k); ok {
+						o.hdr.count = uint64(len(piece) / es)
+						if err := o.send(peer, w.of(piece), w.off); err != nil {
+							werr = err
+							return errWorldPhase
+						}
+					}
+				}
+			}
+			o.handoff()
+		}
+		return nil
+	})
+	if err = cmp.Or(werr, hv.leave(ho, err)); err != nil {
+		return err
+	}
+	return o.awaitAll(o.recvs[first:])
 }

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 )
@@ -179,6 +180,63 @@ func TestHierarchicalReduceScatter(t *testing.T) {
 	}
 }
 
+// TestHierarchicalAllToAll: every rank gets every rank's piece for it,
+// with even counts and counts that differ per pair (empty pieces among
+// them, and pieces longer than a window), by the hierarchical form on
+// grids (which the default and GORUN_ALGO=hier choose) and pairwise
+// exchange elsewhere.
+func TestHierarchicalAllToAll(t *testing.T) {
+	for _, hosts := range movementLayouts {
+		t.Run(fmt.Sprint(hosts), func(t *testing.T) {
+			comms := hostsWorld(t, hosts, smallPieces)
+			ctx := testContext(t, 60*time.Second)
+			n := len(comms)
+			grid := comms[0].(*comm).grid != nil
+			pairs := map[string]func(from, to int) int{
+				"even":   func(int, int) int { return 700 },
+				"uneven": func(from, to int) int { return (from*977 + to*1543) % 3001 },
+				"empty":  func(int, int) int { return 0 },
+			}
+			for name, pair := range pairs {
+				for _, dt := range []DType{Uint8, Float32, Float64} {
+					es := dt.Size()
+					ins := make([][]byte, n)
+					outs := make([][]byte, n)
+					mustAll(t, "all_to_all", onAll(comms, func(r int, c Comm) error {
+						if got := c.(*comm).allToAllAlgorithm(); (got == algoHier) != grid {
+							return fmt.Errorf("chose %v on a world whose grid is %v", got, c.(*comm).grid)
+						}
+						sendCounts, recvCounts := make([]int, n), make([]int, n)
+						sends, recvs := 0, 0
+						for j := range n {
+							sendCounts[j], recvCounts[j] = pair(r, j), pair(j, r)
+							sends, recvs = sends+sendCounts[j], recvs+recvCounts[j]
+						}
+						ins[r] = make([]byte, sends*es)
+						fill(ins[r], dt, 5, r)
+						outs[r] = make([]byte, recvs*es)
+						return c.AllToAll(ctx, outs[r], ins[r], dt, sendCounts, recvCounts)
+					}))
+					for r := range n {
+						off := 0
+						for j := range n {
+							from := 0
+							for k := range r {
+								from += pair(j, k) * es
+							}
+							want := ins[j][from : from+pair(j, r)*es]
+							if got := outs[r][off : off+len(want)]; !bytes.Equal(got, want) {
+								t.Fatalf("%s %v: rank %d's piece from %d: %s", name, dt, r, j, firstDiff(got, want))
+							}
+							off += len(want)
+						}
+					}
+				}
+			}
+		})
+	}
+}
+
 // TestHierarchicalMovementInPlace: a reduce_scatter whose out is part of
 // its in, and an all_gather whose in is part of its out, as torch's
 // _base variants pass them.
@@ -238,6 +296,26 @@ func TestHierarchicalMovementMismatch(t *testing.T) {
 			}
 			return c.ReduceScatter(ctx, make([]byte, 4*counts[r]), make([]byte, 4*4000), Float32, Sum, counts)
 		}},
+		{"all_to_all pair on the host", -1, func(ctx context.Context, r int, c Comm) error {
+			counts := []int{100, 100, 100, 100}
+			recv := slices.Clone(counts)
+			if r == 1 {
+				recv[0] = 50 // rank 0 sends 100
+			}
+			return c.AllToAll(ctx, make([]byte, 4*sum(recv)), make([]byte, 4*400), Float32, counts, recv)
+		}},
+		{"all_to_all pair across hosts", -1, func(ctx context.Context, r int, c Comm) error {
+			counts := []int{100, 100, 100, 100}
+			send := slices.Clone(counts)
+			if r == 3 {
+				send[0] = 150 // rank 0 expects 100
+			}
+			return c.AllToAll(ctx, make([]byte, 4*400), make([]byte, 4*sum(send)), Float32, send, counts)
+		}},
+		{"all_to_all pairwise on one rank", 2, func(ctx context.Context, r int, c Comm) error {
+			counts := []int{100, 100, 100, 100}
+			return c.AllToAll(ctx, make([]byte, 4*400), make([]byte, 4*400), Float32, counts, counts)
+		}},
 		{"reduce_scatter by the ring on one rank", 3, func(ctx context.Context, r int, c Comm) error {
 			return c.ReduceScatter(ctx, make([]byte, 4096), make([]byte, 4*4096), Float32, Sum, []int{1024, 1024, 1024, 1024})
 		}},
@@ -252,6 +330,9 @@ func TestHierarchicalMovementMismatch(t *testing.T) {
 				o.HostID = fmt.Sprintf("test-host-%d", r/2)
 				if r == tc.flat {
 					o.Algorithm = "ring"
+					if strings.HasPrefix(tc.name, "all_to_all") {
+						o.Algorithm = "direct"
+					}
 				}
 				return o
 			})
@@ -283,6 +364,11 @@ func TestHierarchicalMovementPeerDeath(t *testing.T) {
 	calls := map[string]func(ctx context.Context, c Comm, in, out []byte) error{
 		"all_gather": func(ctx context.Context, c Comm, in, out []byte) error {
 			return c.AllGather(ctx, out, in, Float32)
+		},
+		"all_to_all": func(ctx context.Context, c Comm, in, out []byte) error {
+			q := len(in) / 4 / c.Size()
+			counts := []int{q, q, q, q}
+			return c.AllToAll(ctx, out[:len(in)], in, Float32, counts, counts)
 		},
 		"reduce_scatter": func(ctx context.Context, c Comm, in, out []byte) error {
 			q := len(in) / 4 / c.Size()
@@ -327,4 +413,11 @@ func TestHierarchicalMovementPeerDeath(t *testing.T) {
 			})
 		}
 	}
+}
+
+func sum(counts []int) (s int) {
+	for _, n := range counts {
+		s += n
+	}
+	return s
 }
