@@ -351,29 +351,20 @@ func (o *op) allToAllHierarchical(out, in []byte, sends, recvs []span) error {
 		}
 	}
 	// Staged: this host's pieces for rail rank at(h, idx), from the
-	// host's j-th rank, for j != idx (ours go from in).
+	// host's j-th rank, for j != idx (ours go from in), at stagedAt[h*L+j].
+	stagedAt := make([]int, H*L)
 	stagedLen := 0
 	for h := range H {
 		for j := range L {
 			if h != g.host && j != idx {
+				stagedAt[h*L+j] = stagedLen
 				stagedLen += length(j, g.at(h, idx))
 			}
 		}
 	}
 	staging := o.scratch(stagedLen)
 	staged := func(h, j int) []byte {
-		off := 0
-		for hh := range H {
-			for jj := range L {
-				if hh == h && jj == j {
-					return staging[off:][:length(j, g.at(h, idx))]
-				}
-				if hh != g.host && jj != idx {
-					off += length(jj, g.at(hh, idx))
-				}
-			}
-		}
-		return nil
+		return staging[stagedAt[h*L+j]:][:length(j, g.at(h, idx))]
 	}
 	// Messages between hosts go window by window, the host's ranks in
 	// order within a window; an empty piece still sends one (empty)
@@ -395,16 +386,16 @@ func (o *op) allToAllHierarchical(out, in []byte, sends, recvs []span) error {
 		}
 		peer := g.at(h, idx)
 		for k := 0; ; k++ {
-			any := false
+			more := false
 			for j := range L {
 				piece := recvs[g.at(h, j)]
 				if w, ok := carries(piece.len, k); ok {
-					any = true
+					more = true
 					o.hdr.count = uint64(piece.len / es)
 					o.expect(peer, w.of(piece.of(out)), w.off)
 				}
 			}
-			if !any {
+			if !more {
 				break
 			}
 		}
