@@ -76,6 +76,14 @@ const (
 	// the ring earlier.
 	allReduceHalvingMax     = 4 << 20
 	allReduceHalvingMaxFold = 256 << 10
+	// hierAllReduceMin and hierBroadcastMin: between hosts some of which
+	// run several ranks sharing memory, the hierarchical algorithms
+	// (hierarchy.go) from this size on; hierBarrier, the barrier by
+	// hosts. Measured on 2 hosts of 2 ranks joined by a 2 Gbit/s link
+	// (bench/links.py): see the README's table.
+	hierAllReduceMin = 0
+	hierBroadcastMin = 0
+	hierBarrier      = true
 	// broadcastTreeMax: binomial tree up to this size, pipelined chain above.
 	broadcastTreeMax = 256 << 10
 	// reduceTreeMax: binomial tree up to this size, ring reduce-scatter and
@@ -126,14 +134,45 @@ func (c *comm) allReduceAlgorithm(n int) algorithm {
 			return algoHier
 		}
 	}
+	return chooseAllReduce(c.topology(), n)
+}
+
+// topology is what the automatic choices know of where a communicator's
+// ranks run: what the ranks published when they joined (host ids, and
+// so ranks per host).
+type topology struct {
+	ranks  int  // the communicator's
+	shared bool // all on one host, with shared memory
+	// hier: the ranks span hosts and some host runs several, with
+	// shared memory among them (a hierarchy in two dimensions).
+	hier bool
+	// grid: hier, every host running as many ranks, which the
+	// hierarchical movement forms need (hierarchy_movement.go).
+	grid bool
+}
+
+// topology is c's.
+func (c *comm) topology() topology {
+	return topology{
+		ranks:  c.size(),
+		shared: c.shared(),
+		hier:   c.hier != nil && c.hier.twoD,
+		grid:   c.grid != nil,
+	}
+}
+
+// chooseAllReduce is the all_reduce algorithm for n bytes on t.
+func chooseAllReduce(t topology, n int) algorithm {
 	switch {
-	case c.shared() && n*c.size() <= allReduceShmFlatWork:
+	case t.shared && n*t.ranks <= allReduceShmFlatWork:
 		return algoShmFlat
-	case c.shared():
+	case t.shared:
 		return algoShm
+	case t.hier && n >= hierAllReduceMin:
+		return algoHier
 	case n <= allReduceDoublingMax:
 		return algoRD
-	case isPowerOfTwo(c.size()) && n <= allReduceHalvingMax,
+	case isPowerOfTwo(t.ranks) && n <= allReduceHalvingMax,
 		n <= allReduceHalvingMaxFold:
 		return algoRHD
 	}
@@ -156,13 +195,45 @@ func (c *comm) broadcastAlgorithm(n int) algorithm {
 			return algoHier
 		}
 	}
-	if c.shared() {
+	return chooseBroadcast(c.topology(), n)
+}
+
+// chooseBroadcast is the broadcast algorithm for n bytes on t.
+func chooseBroadcast(t topology, n int) algorithm {
+	switch {
+	case t.shared:
 		return algoShm
-	}
-	if n <= broadcastTreeMax {
+	case t.hier && n >= hierBroadcastMin:
+		return algoHier
+	case n <= broadcastTreeMax:
 		return algoTree
 	}
 	return algoChain
+}
+
+// barrierAlgorithm is the barrier's: by hosts, in shared memory, or by
+// dissemination over sockets.
+func (c *comm) barrierAlgorithm() algorithm {
+	switch c.cfg.algo {
+	case algoDissemination:
+		return algoDissemination
+	case algoHier:
+		if c.hier != nil {
+			return algoHier
+		}
+	}
+	return chooseBarrier(c.topology())
+}
+
+// chooseBarrier is the barrier's algorithm on t.
+func chooseBarrier(t topology) algorithm {
+	switch {
+	case t.shared:
+		return algoShmFlat
+	case t.hier && hierBarrier:
+		return algoHier
+	}
+	return algoDissemination
 }
 
 func (c *comm) reduceAlgorithm(n int) algorithm {
@@ -188,13 +259,7 @@ func (c *comm) allGatherAlgorithm(n int) algorithm {
 			return algoHier
 		}
 	}
-	if c.grid != nil && hierMovementPays(c.grid.hosts, c.grid.local, n) {
-		return algoHier
-	}
-	if c.size() >= 4 && n <= allGatherBruckMax {
-		return algoBruck
-	}
-	return algoRing
+	return chooseAllGather(c.topology(), n)
 }
 
 func (c *comm) reduceScatterAlgorithm(n int) algorithm {
@@ -206,26 +271,21 @@ func (c *comm) reduceScatterAlgorithm(n int) algorithm {
 			return algoHier
 		}
 	}
-	if c.grid != nil && hierMovementPays(c.grid.hosts, c.grid.local, n) {
-		return algoHier
-	}
-	if c.shared() {
-		return algoShm
-	}
-	if n <= reduceScatterDoublingMax {
-		return algoRD
-	}
-	return algoRing
+	return chooseReduceScatter(c.topology(), n)
 }
 
-// allToAllAlgorithm is all_to_all's: by host on a grid (where it pays),
-// else shared memory or pairwise exchange. Ranks with uneven counts hold
-// buffers of different sizes, so the choice goes by the topology alone.
+// allToAllAlgorithm is all_to_all's. Ranks with uneven counts hold
+// buffers of different sizes, so it goes by the topology alone.
 func (c *comm) allToAllAlgorithm() algorithm {
-	if c.grid != nil && (c.cfg.algo == algoHier || c.cfg.algo != algoDirect && hierAllToAllPays(c.grid.hosts, c.grid.local)) {
-		return algoHier
+	switch c.cfg.algo {
+	case algoDirect:
+		return algoDirect
+	case algoHier:
+		if c.grid != nil {
+			return algoHier
+		}
 	}
-	return c.movementAlgorithm(algoDirect)
+	return chooseAllToAll(c.topology())
 }
 
 // movementAlgorithm is the algorithm of a collective that has one over

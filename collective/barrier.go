@@ -8,17 +8,14 @@ import "context"
 // signals r+2^k and waits for r-2^k, so after ceil(log2(n)) rounds every
 // rank has heard, through some path, from all.
 func (c *comm) Barrier(ctx context.Context) error {
-	if c.hier != nil && c.cfg.algo == algoHier {
-		o, err := c.begin(ctx, header{coll: collBarrier, algo: algoHier})
+	switch algo := c.barrierAlgorithm(); algo {
+	case algoHier, algoShmFlat:
+		o, err := c.begin(ctx, header{coll: collBarrier, algo: algo})
 		if err != nil {
 			return err
 		}
-		return c.end(o, o.barrierHierarchical())
-	}
-	if c.shared() && c.cfg.algo != algoDissemination {
-		o, err := c.begin(ctx, header{coll: collBarrier, algo: algoShmFlat})
-		if err != nil {
-			return err
+		if algo == algoHier {
+			return c.end(o, o.barrierHierarchical())
 		}
 		return c.end(o, o.allReduceSharedFlat(nil))
 	}

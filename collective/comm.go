@@ -177,7 +177,7 @@ func NewTCP(ctx context.Context, store rendezvous.Store, rank, size int, opts TC
 	if len(local) == size {
 		world.shm = t.shm
 	} else {
-		world.hier = newHierarchy(world, hosts, t.shm)
+		world.hier = newHierarchy(world, hosts, t.shm, mode != "unix")
 		world.grid = newGrid(world.hier, rank)
 	}
 	if err := t.register(world); err != nil {

@@ -7,12 +7,14 @@ import (
 )
 
 // Hierarchical collectives, for a world that spans hosts where some host
-// runs more than one rank. A collective runs in three phases: the ranks
-// of each host combine their data in shared memory at the host's leader
-// (its lowest rank), the leaders run the collective among themselves
-// over TCP, and each leader hands the result to its host in shared
-// memory. Only one rank per host then crosses the network, with the
-// host's whole contribution, instead of every rank.
+// runs more than one rank: the default there (algorithm.go), since each
+// host's link then carries the host's data once instead of once per
+// rank. A collective runs in phases: the ranks of each host combine
+// their data in shared memory, the collective runs across hosts over
+// TCP, and the result is handed out to each host's ranks in shared
+// memory. The all_reduce crosses on every rail at once, each local rank
+// with its share of the buffer (hierarchy_allreduce.go); broadcast and
+// barrier cross between the hosts' leaders (their lowest ranks).
 //
 // The phases run on views of the world: communicators of a subset of its
 // ranks that share its id, its call (the op's header, so every frame and
@@ -25,57 +27,113 @@ import (
 // ranks in the view's terms: the error is translated to world ranks
 // (inParentTerms) before the world op fails with it and tells every rank.
 //
-// Every element's result is computed by the leaders from the hosts'
-// sums, in an order every leader shares (the flat algorithms' guarantee
-// among them), then copied to every rank: all ranks get the same bits.
-// They are not the bits of a flat all_reduce, which adds in rank order
-// ((x0+x1)+x2)+x3 where this adds (x0+x1)+(x2+x3); for the integer types
-// and for exact floating-point sums the results agree.
+// Every element's result is computed from the hosts' sums (each in rank
+// order), in an order shared by every rank that computes it, then copied
+// to every rank: all ranks get the same bits. They are not the bits of a flat
+// all_reduce, which adds in rank order ((x0+x1)+x2)+x3 where this adds
+// (x0+x1)+(x2+x3); for the integer types and for exact floating-point
+// sums the results agree.
 
-// hierarchy is the world's views for hierarchical collectives.
+// hierarchy is the world's views for hierarchical collectives, and
+// where every rank sits: host h runs ranks hostRanks[h] (ascending),
+// hosts numbered by their lowest rank; a rank's local index is its
+// position among its host's ranks.
 type hierarchy struct {
 	host    *comm // this host's ranks; its rank 0 is the host's leader
 	leaders *comm // the leaders, one per host by ascending rank; nil on other ranks
-	// leaderOf[r] is the leaders' rank of world rank r's host's leader.
+	// rail is the ranks of this rank's local index, one per host that
+	// has that many ranks, in host order: the leaders are rail 0. The 2D
+	// all_reduce runs its inter-host phase on the rails, so that every
+	// local rank's streams carry its share of the host's traffic.
+	rail *comm
+	// leaderOf[r] is the leaders' rank of world rank r's host's leader,
+	// which is also the index of r's host.
 	leaderOf []int
+	// localOf[r] is world rank r's local index.
+	localOf []int
+	// hostRanks[h] is host h's world ranks, ascending.
+	hostRanks [][]int
+
+	// twoD says the all_reduce runs in two dimensions (a host's ranks
+	// share memory: hierarchy_allreduce.go), else through the leaders.
+	twoD   bool
+	reduce railReduce // the all_reduce in flight, its scratch reused
+}
+
+// hostOf is the index of world rank r's host.
+func (h *hierarchy) hostOf(r int) int { return h.leaderOf[r] }
+
+// minLocal is the fewest ranks any host runs: the rails every host has.
+func (h *hierarchy) minLocal() int {
+	m := len(h.hostRanks[0])
+	for _, rs := range h.hostRanks[1:] {
+		m = min(m, len(rs))
+	}
+	return m
+}
+
+// railRanks is the world ranks of local index l, one per host that has
+// that many ranks, in host order.
+func (h *hierarchy) railRanks(l int) []int {
+	var rail []int
+	for _, rs := range h.hostRanks {
+		if l < len(rs) {
+			rail = append(rail, rs[l])
+		}
+	}
+	return rail
 }
 
 // newHierarchy builds the views of world, whose ranks run on hosts (an
 // empty id is a host of its own), or returns nil when no host runs two
 // ranks or all run on one: hierarchy would not save anything. shm is
-// this host's shared memory, or nil.
-func newHierarchy(world *comm, hosts []string, shm *shmWorld) *hierarchy {
-	h := &hierarchy{leaderOf: make([]int, len(hosts))}
-	leaderIndex := map[string]int{} // host id -> leaders' rank
-	var leaders []int
+// this host's shared memory, or nil; shared says the world's hosts
+// share memory among their ranks (every rank is told the same).
+func newHierarchy(world *comm, hosts []string, shm *shmWorld, shared bool) *hierarchy {
+	h := layOut(hosts)
+	if h == nil {
+		return nil
+	}
+	h.twoD = shared
+	me := world.rank
+	h.host = newView(world, h.hostRanks[h.hostOf(me)])
+	h.host.shm = shm
+	h.rail = newView(world, h.railRanks(h.localOf[me]))
+	if h.localOf[me] == 0 {
+		h.leaders = h.rail
+	}
+	return h
+}
+
+// layOut places the ranks of a world on hosts, rank r on hosts[r], or
+// returns nil when hierarchy would not save anything (see newHierarchy).
+func layOut(hosts []string) *hierarchy {
+	h := &hierarchy{leaderOf: make([]int, len(hosts)), localOf: make([]int, len(hosts))}
+	index := map[string]int{} // host id -> host index
 	crowded := false
 	for r, id := range hosts {
 		if id == "" {
 			id = "rank " + strconv.Itoa(r) // a host of its own: no id starts so
 		}
-		li, seen := leaderIndex[id]
+		hi, seen := index[id]
 		if !seen {
-			li = len(leaders)
-			leaderIndex[id] = li
-			leaders = append(leaders, r)
+			hi = len(h.hostRanks)
+			index[id] = hi
+			h.hostRanks = append(h.hostRanks, nil)
 		}
 		crowded = crowded || seen
-		h.leaderOf[r] = li
+		h.leaderOf[r] = hi
+		h.localOf[r] = len(h.hostRanks[hi])
+		h.hostRanks[hi] = append(h.hostRanks[hi], r)
 	}
-	if !crowded || len(leaders) < 2 {
+	if !crowded || len(h.hostRanks) < 2 {
 		return nil
-	}
-	me := world.rank
-	h.host = newView(world, sameHost(hosts, me))
-	h.host.shm = shm
-	if leaders[h.leaderOf[me]] == me {
-		h.leaders = newView(world, leaders)
 	}
 	return h
 }
 
-// newView is the view of parent made of members (parent ranks,
-// ascending, parent's own rank among them).
+// newView is the view of parent made of members (parent ranks, in the
+// view's order, parent's own rank among them).
 func newView(parent *comm, members []int) *comm {
 	world := make([]int, len(members))
 	for i, m := range members {
@@ -100,13 +158,24 @@ func (v *comm) join(o *op) *op {
 // op.finish it neither fails the world nor tells anyone: the world op
 // does, with the error this returns.
 func (v *comm) leave(vo *op, err error) error {
+	return v.settle(vo, v.viewErr(err))
+}
+
+// settle is leave for an error in the parent's terms already.
+func (v *comm) settle(vo *op, err error) error {
 	if err == nil {
-		err = vo.flush()
+		err = v.viewErr(vo.flush())
 	}
 	if err != nil {
 		vo.withdraw()
 	}
 	vo.release()
+	return err
+}
+
+// viewErr is err, which an op of view v returned, in the parent's terms:
+// the world's failure once it has one.
+func (v *comm) viewErr(err error) error {
 	if err == nil {
 		return nil
 	}
@@ -151,31 +220,6 @@ func (c *comm) inParentTerms(err error) error {
 	return err
 }
 
-// allReduceHierarchical reduces buf on each host at its leader, across
-// the leaders, and back to each host.
-func (o *op) allReduceHierarchical(buf []byte) error {
-	h := o.c.hier
-	if err := h.host.reduceToLeader(o, buf); err != nil {
-		return err
-	}
-	if h.leaders != nil {
-		lo := h.leaders.join(o)
-		var err error
-		switch h.leaders.allReduceAlgorithm(len(buf)) {
-		case algoRD:
-			err = lo.allReduceDoubling(buf)
-		case algoRHD:
-			err = lo.allReduceHalving(buf)
-		default:
-			err = lo.allReduceRing(buf)
-		}
-		if err = h.leaders.leave(lo, err); err != nil {
-			return err
-		}
-	}
-	return h.host.broadcastFromLeader(o, buf)
-}
-
 // barrierHierarchical returns once every rank has entered: each host
 // meets, then the leaders, then each host again, its leader arriving
 // last.
@@ -191,33 +235,6 @@ func (o *op) barrierHierarchical() error {
 		}
 	}
 	return h.host.hostBarrier(o)
-}
-
-// broadcastHierarchical copies root's buf to root's host's leader, from
-// it to the other leaders, and from each to its host.
-func (o *op) broadcastHierarchical(buf []byte, root int) error {
-	h, me := o.c.hier, o.c.rank
-	rootLeader := h.leaderOf[root]
-	onRootHost := h.leaderOf[me] == rootLeader
-	if onRootHost {
-		// The whole of root's host gets it here: its leader too.
-		hv := h.host
-		hostRoot := hv.commRank(o.c.world[root], -1) // root is one of hv's ranks
-		ho := hv.join(o)
-		if err := hv.leave(ho, ho.broadcastInView(buf, hostRoot)); err != nil {
-			return err
-		}
-	}
-	if h.leaders != nil {
-		lo := h.leaders.join(o)
-		if err := h.leaders.leave(lo, lo.broadcastInView(buf, rootLeader)); err != nil {
-			return err
-		}
-	}
-	if onRootHost {
-		return nil
-	}
-	return h.host.broadcastFromLeader(o, buf)
 }
 
 // reduceToLeader reduces buf across host view v into its leader's buf.

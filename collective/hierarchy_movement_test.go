@@ -49,23 +49,41 @@ func TestGrid(t *testing.T) {
 	}
 }
 
-// TestHierMovementPays: the default goes by host when there are hosts
-// to span and ranks to share one.
-func TestHierMovementPays(t *testing.T) {
+// TestChooseMovement: all_gather, reduce_scatter and all_to_all go by
+// hosts on a grid, and as before elsewhere.
+func TestChooseMovement(t *testing.T) {
+	oneHost := topology{ranks: 4, shared: true}
+	flat := topology{ranks: 4}
+	uneven := topology{ranks: 6, hier: true}
+	grid := topology{ranks: 4, hier: true, grid: true}
 	cases := []struct {
-		hosts, local, n int
-		want            bool
+		name                     string
+		t                        topology
+		n                        int
+		allGather, reduceScatter algorithm
 	}{
-		{0, 0, 1 << 20, false}, // no grid
-		{1, 4, 1 << 20, false},
-		{2, 1, 1 << 20, false},
-		{2, 2, 1 << 20, true},
-		{4, 2, 64 << 20, true},
-		{2, 2, hierMovementMin, true},
+		{"one host, 8 B", oneHost, 8, algoBruck, algoShm}, // AllGather takes shared memory first
+		{"hosts of one rank, 8 B", flat, 8, algoBruck, algoRD},
+		{"hosts of one rank, 16 MiB", flat, 16 << 20, algoRing, algoRing},
+		{"hosts of 3, 2 and 1 rank, 1 MiB", uneven, 1 << 20, algoRing, algoRing},
+		{"grid, 8 B", grid, 8, algoHier, algoHier},
+		{"grid, 1 MiB", grid, 1 << 20, algoHier, algoHier},
+		{"grid, 64 MiB", grid, 64 << 20, algoHier, algoHier},
 	}
 	for _, tc := range cases {
-		if got := hierMovementPays(tc.hosts, tc.local, tc.n); got != tc.want {
-			t.Errorf("hierMovementPays(%d, %d, %d) = %v, want %v", tc.hosts, tc.local, tc.n, got, tc.want)
+		if got := chooseAllGather(tc.t, tc.n); got != tc.allGather {
+			t.Errorf("%s: all_gather %v, want %v", tc.name, got, tc.allGather)
+		}
+		if got := chooseReduceScatter(tc.t, tc.n); got != tc.reduceScatter {
+			t.Errorf("%s: reduce_scatter %v, want %v", tc.name, got, tc.reduceScatter)
+		}
+	}
+	for _, tc := range []struct {
+		t    topology
+		want algorithm
+	}{{oneHost, algoShm}, {flat, algoDirect}, {uneven, algoDirect}, {grid, algoHier}} {
+		if got := chooseAllToAll(tc.t); got != tc.want {
+			t.Errorf("all_to_all on %+v: %v, want %v", tc.t, got, tc.want)
 		}
 	}
 }

@@ -49,6 +49,9 @@ func TestHierarchySetup(t *testing.T) {
 				if h.leaders != nil {
 					leaders = append(leaders, r)
 				}
+				if want := h.railRanks(h.localOf[r]); fmt.Sprint(h.rail.world) != fmt.Sprint(want) || h.rail.world[h.rail.rank] != r {
+					t.Errorf("rank %d: rail %v (rank %d in it), want %v", r, h.rail.world, h.rail.rank, want)
+				}
 				if h.host.size() > 1 && !h.host.shared() {
 					t.Errorf("rank %d: host of %d ranks without shared memory", r, h.host.size())
 				}
@@ -60,13 +63,65 @@ func TestHierarchySetup(t *testing.T) {
 	}
 }
 
+// TestLayOut: hosts numbered by their lowest rank, local indices, rails
+// (one rank of each host that has the index, in host order), and no
+// hierarchy where it would save nothing.
+func TestLayOut(t *testing.T) {
+	cases := []struct {
+		hosts    []string
+		none     bool
+		host     []int   // host index of each rank
+		local    []int   // local index of each rank
+		rails    [][]int // rail l's world ranks
+		minLocal int
+	}{
+		{hosts: []string{"a", "a", "b", "b"}, host: []int{0, 0, 1, 1}, local: []int{0, 1, 0, 1}, rails: [][]int{{0, 2}, {1, 3}}, minLocal: 2},
+		{hosts: []string{"a", "b", "a", "b"}, host: []int{0, 1, 0, 1}, local: []int{0, 0, 1, 1}, rails: [][]int{{0, 1}, {2, 3}}, minLocal: 2},
+		{hosts: []string{"b", "a", "a", "b"}, host: []int{0, 1, 1, 0}, local: []int{0, 0, 1, 1}, rails: [][]int{{0, 1}, {3, 2}}, minLocal: 2},
+		{hosts: []string{"a", "a", "a", "b"}, host: []int{0, 0, 0, 1}, local: []int{0, 1, 2, 0}, rails: [][]int{{0, 3}, {1}, {2}}, minLocal: 1},
+		{hosts: []string{"a", "b", "c", "a", "b", "b", "c"}, host: []int{0, 1, 2, 0, 1, 1, 2}, local: []int{0, 0, 0, 1, 1, 2, 1}, rails: [][]int{{0, 1, 2}, {3, 4, 6}, {5}}, minLocal: 2},
+		{hosts: []string{"a", "", "a", ""}, host: []int{0, 1, 0, 2}, local: []int{0, 0, 1, 0}, rails: [][]int{{0, 1, 3}, {2}}, minLocal: 1},
+		{hosts: []string{"a", "b", "c"}, none: true},
+		{hosts: []string{"a", "a", "a"}, none: true},
+		{hosts: []string{"", ""}, none: true},
+	}
+	for _, tc := range cases {
+		t.Run(fmt.Sprint(tc.hosts), func(t *testing.T) {
+			h := layOut(tc.hosts)
+			if (h == nil) != tc.none {
+				t.Fatalf("hierarchy %v, want %v", h != nil, !tc.none)
+			}
+			if h == nil {
+				return
+			}
+			var host, local []int
+			for r := range tc.hosts {
+				host = append(host, h.hostOf(r))
+				local = append(local, h.localOf[r])
+			}
+			var rails [][]int
+			for l := 0; len(h.railRanks(l)) > 0; l++ {
+				rails = append(rails, h.railRanks(l))
+			}
+			got := fmt.Sprint(host, local, rails, h.minLocal())
+			if want := fmt.Sprint(tc.host, tc.local, tc.rails, tc.minLocal); got != want {
+				t.Errorf("host, local, rails, min local = %s, want %s", got, want)
+			}
+		})
+	}
+}
+
 // TestHierarchicalAllReduce: for every type and operator, on layouts
 // with several ranks per host, every rank gets the bits of the flat
 // reference (the test data make every order of combining exact) and the
 // same bits as every other rank; broadcast and barrier work too.
 func TestHierarchicalAllReduce(t *testing.T) {
-	layouts := [][]int{{0, 0, 1, 1}, {0, 0, 0, 1}, {0, 1, 0, 1, 1}}
-	sizes := []int{8, 4096, 3<<20 + 24} // beyond a shared-memory slot
+	// Two and three hosts, even and uneven; with one rank on a host only
+	// the leaders' rail carries the sums.
+	layouts := [][]int{{0, 0, 1, 1}, {0, 0, 0, 1}, {0, 1, 0, 1, 1}, {0, 1, 2, 0, 1, 1, 2}}
+	// One piece by recursive doubling across, one piece by parts, and
+	// pieces beyond a shared-memory slot (hierarchy_allreduce.go).
+	sizes := []int{8, 4096, 200<<10 + 40, 3<<20 + 24}
 	for _, transport := range []string{"auto", "unix"} {
 		for _, hosts := range layouts {
 			t.Run(fmt.Sprintf("%s/%v", transport, hosts), func(t *testing.T) {
@@ -176,6 +231,20 @@ func TestHierarchicalMismatch(t *testing.T) {
 			}
 			return c.AllReduce(ctx, make([]byte, 4*n), Float32, Sum)
 		}},
+		{"pieces: count on another host", func(ctx context.Context, r int, c Comm) error {
+			n := 1 << 20
+			if r == 3 {
+				n = 3 << 19
+			}
+			return c.AllReduce(ctx, make([]byte, 4*n), Float32, Sum)
+		}},
+		{"pieces: broadcast on the other rail", func(ctx context.Context, r int, c Comm) error {
+			buf := make([]byte, 4<<20)
+			if r == 1 {
+				return c.Broadcast(ctx, buf, Float32, 0)
+			}
+			return c.AllReduce(ctx, buf, Float32, Sum)
+		}},
 		{"send and barrier vs all_reduce", func(ctx context.Context, r int, c Comm) error {
 			buf := make([]byte, 4096)
 			if r == 1 {
@@ -217,6 +286,14 @@ func TestHierarchicalPeerDeath(t *testing.T) {
 			closeDuringAllReduce(t, testContext(t, 60*time.Second), comms, victim, 4<<20)
 		})
 	}
+	// Three hosts of 2, 3 and 2 ranks, by default: a rank on a rail, and
+	// one on no rail (the host of 3's third).
+	for _, victim := range []int{4, 5} {
+		t.Run(fmt.Sprintf("uneven/rank %d", victim), func(t *testing.T) {
+			comms := hostsWorld(t, []int{0, 1, 2, 0, 1, 1, 2}, TCPOptions{})
+			closeDuringAllReduce(t, testContext(t, 60*time.Second), comms, victim, 4<<20)
+		})
+	}
 }
 
 // BenchmarkHierarchicalAllReduce compares, on 2 hosts of 2 ranks faked
@@ -239,6 +316,70 @@ func BenchmarkHierarchicalAllReduce(b *testing.B) {
 				}
 				timeAllReduce(b, s.bytes, len(comms), run)
 			})
+		}
+	}
+}
+
+// TestAutomaticChoice: the algorithm each collective takes by itself,
+// from where the ranks run and the size.
+func TestAutomaticChoice(t *testing.T) {
+	oneHost := topology{ranks: 4, shared: true}
+	flat := topology{ranks: 4}
+	flat3 := topology{ranks: 3}
+	hier := topology{ranks: 4, hier: true}
+	cases := []struct {
+		name      string
+		t         topology
+		n         int
+		allReduce algorithm
+		broadcast algorithm
+	}{
+		{"one host, small", oneHost, 8, algoShmFlat, algoShm},
+		{"one host, large", oneHost, 16 << 20, algoShm, algoShm},
+		{"hosts of one rank, 8 B", flat, 8, algoRD, algoTree},
+		{"hosts of one rank, 1 MiB", flat, 1 << 20, algoRHD, algoChain},
+		{"hosts of one rank, 16 MiB", flat, 16 << 20, algoRing, algoChain},
+		{"3 hosts of one rank, 1 MiB", flat3, 1 << 20, algoRing, algoChain},
+		{"hosts of several ranks, 8 B", hier, 8, algoHier, algoHier},
+		{"hosts of several ranks, 64 KiB", hier, 64 << 10, algoHier, algoHier},
+		{"hosts of several ranks, 1 MiB", hier, 1 << 20, algoHier, algoHier},
+		{"hosts of several ranks, 64 MiB", hier, 64 << 20, algoHier, algoHier},
+	}
+	for _, tc := range cases {
+		if got := chooseAllReduce(tc.t, tc.n); got != tc.allReduce {
+			t.Errorf("%s: all_reduce %v, want %v", tc.name, got, tc.allReduce)
+		}
+		if got := chooseBroadcast(tc.t, tc.n); got != tc.broadcast {
+			t.Errorf("%s: broadcast %v, want %v", tc.name, got, tc.broadcast)
+		}
+	}
+	for _, tc := range []struct {
+		t    topology
+		want algorithm
+	}{{oneHost, algoShmFlat}, {flat, algoDissemination}, {hier, algoHier}} {
+		if got := chooseBarrier(tc.t); got != tc.want {
+			t.Errorf("barrier on %+v: %v, want %v", tc.t, got, tc.want)
+		}
+	}
+}
+
+// TestHierarchyByDefault: on hosts of several ranks with shared memory,
+// the collectives go by hosts unless GORUN_ALGO forces a flat one; with
+// GORUN_TRANSPORT=unix they stay flat.
+func TestHierarchyByDefault(t *testing.T) {
+	cases := []struct {
+		opts TCPOptions
+		want algorithm
+	}{
+		{TCPOptions{}, algoHier},
+		{TCPOptions{Algorithm: "ring"}, algoRing},
+		{TCPOptions{Transport: "unix"}, algoRing},
+	}
+	for _, tc := range cases {
+		comms := hostsWorld(t, []int{0, 0, 1, 1}, tc.opts)
+		c := comms[0].(*comm)
+		if got := c.allReduceAlgorithm(16 << 20); got != tc.want {
+			t.Errorf("%+v: all_reduce of 16 MiB by %v, want %v", tc.opts, got, tc.want)
 		}
 	}
 }

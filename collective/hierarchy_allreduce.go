@@ -1,0 +1,354 @@
+package collective
+
+// The hierarchical all_reduce in two dimensions. With k ranks on each of
+// H hosts, the buffer's host sum is cut into k chunks, one per local
+// rank, and each local rank carries its chunk across the hosts with the
+// ranks of its rail (its local index on every host):
+//
+//  1. reduce-scatter in the host's shared memory: local rank l gets the
+//     host's sum of chunk l;
+//  2. all-reduce of chunk l among rail l over TCP: the chunk is cut into
+//     H parts, rail rank j reduces part j from every host's sum (sent
+//     to it directly) and sends the result back to every host;
+//  3. all-gather in the host's shared memory: every local rank gets
+//     every chunk.
+//
+// Each host's link carries 2(H-1)/H of the buffer each way, as with one
+// leader per host, but spread over the streams of k ranks instead of
+// one. The buffer goes through in pieces, and the phases of successive
+// pieces overlap: a rank sends piece p's sums before it finishes piece
+// p-1 (reduces its parts, sends and waits for the results, all-gathers),
+// so the link carries piece p while the host works on p-1 and p+1.
+//
+// Hosts that run different numbers of ranks use as many rails as the
+// smallest runs (hierarchy.minLocal); the other ranks own no chunk: they
+// add their data in phase 1 and get the result in phase 3.
+//
+// Every element is computed once, by one rail rank, from the host sums
+// in host order (each host sum in local-rank order), and copied to every
+// other rank: all ranks get the same bits.
+
+const (
+	// hierPieces is how many pieces the 2D all_reduce cuts a large buffer
+	// into, so that the phases of one piece overlap those of the next.
+	hierPieces = 8
+	// hierPieceMin is the smallest piece: below it the shared-memory
+	// phases' synchronisations cost more than the overlap saves.
+	hierPieceMin = 256 << 10
+	// hierRailDoublingMax: a buffer of one piece whose chunk is at most
+	// this goes across the rail by recursive doubling (log2 H rounds of
+	// the whole chunk) rather than by parts (two rounds of 1/H each).
+	hierRailDoublingMax = 16 << 10
+)
+
+// piecesOf is how many pieces the 2D all_reduce cuts n bytes into.
+func piecesOf(n int) int { return max(1, min(hierPieces, n/hierPieceMin)) }
+
+// railReduce is one 2D all_reduce in flight on this rank.
+type railReduce struct {
+	buf       []byte
+	es, count int
+	pieces    int
+	ho, ro    *op // the host's and the rail's parts of the call; ro nil off the rails
+	hv, rv    *comm
+	rails     int // chunks per piece: the rails every host has
+	local     int // this rank's index on its host
+	hostSum   [2][]byte
+	operands  [2][]byte       // the parts of the other hosts' sums this rank reduces
+	posted    [2][][]*recvReq // piece p's operand receives from each rail rank, at p%2
+	chunks    []span          // the host ranks' chunks of the piece at hand
+}
+
+// allReduceHierarchical runs the 2D all_reduce above, or, where hosts'
+// ranks share no memory (GORUN_TRANSPORT=unix), reduces buf at each
+// host's leader, across the leaders, and back to each host. (A host
+// whose shared memory could not be set up where the others' was goes
+// through its leader alone: its frames then fail the call with a
+// mismatch rather than a wrong sum.)
+func (o *op) allReduceHierarchical(buf []byte) error {
+	h := o.c.hier
+	if !h.twoD || h.host.size() > 1 && !h.host.shared() {
+		return o.allReduceByLeaders(buf)
+	}
+	x := &h.reduce // reused, to allocate nothing
+	*x = railReduce{
+		buf:    buf,
+		es:     o.hdr.dtype.Size(),
+		pieces: piecesOf(len(buf)),
+		hv:     h.host,
+		rails:  h.minLocal(),
+		local:  h.localOf[o.c.rank],
+		chunks: x.chunks,
+		posted: x.posted,
+	}
+	x.count = len(buf) / x.es
+	x.ho = x.hv.join(o)
+	if x.local < x.rails {
+		x.rv = h.rail
+		x.ro = x.rv.join(o)
+	}
+	err := x.run()
+	if x.ro != nil {
+		err = x.rv.settle(x.ro, err)
+	}
+	err = x.hv.settle(x.ho, err)
+	for i := range x.posted {
+		clear(x.posted[i])
+	}
+	x.buf = nil
+	return err
+}
+
+// piece is piece p of the buffer.
+func (x *railReduce) piece(p int) span { return evenSpan(x.count, x.es, x.pieces, p) }
+
+// chunksOf sets x.chunks to the host ranks' chunks of piece pc, relative
+// to it, and returns this rank's.
+func (x *railReduce) chunksOf(pc span) span {
+	k := x.hv.size()
+	if cap(x.chunks) < k {
+		x.chunks = make([]span, k)
+	}
+	x.chunks = x.chunks[:k]
+	for l := range k {
+		x.chunks[l] = span{pc.len, 0}
+		if l < x.rails {
+			x.chunks[l] = evenSpan(pc.len/x.es, x.es, x.rails, l)
+		}
+	}
+	return x.chunks[x.local]
+}
+
+// part is rail rank j's part of a chunk of n bytes, relative to it.
+func (x *railReduce) part(n, j int) span { return evenSpan(n/x.es, x.es, x.rv.size(), j) }
+
+func (x *railReduce) run() error {
+	if x.ro != nil {
+		// The first piece's first chunk and part are the longest.
+		chunk := x.chunksOf(x.piece(0)).len
+		part := x.part(chunk, 0).len
+		for i := range 2 {
+			x.hostSum[i] = x.ro.scratch(chunk)
+			x.operands[i] = x.ro.scratch(part * x.rv.size())
+			if len(x.posted[i]) < x.rv.size() {
+				x.posted[i] = make([][]*recvReq, x.rv.size())
+			}
+		}
+	}
+	if x.pieces == 1 && x.ro != nil {
+		x.chunksOf(x.piece(0))
+		if x.chunks[0].len <= hierRailDoublingMax { // the same choice on every rail
+			return x.small()
+		}
+	}
+	for p := range x.pieces {
+		if err := x.reduceScatter(p); err != nil {
+			return err
+		}
+		if x.ro != nil {
+			if err := x.sendSums(p); err != nil {
+				return err
+			}
+		}
+		if p > 0 {
+			if err := x.finish(p - 1); err != nil {
+				return err
+			}
+		}
+	}
+	if x.ro != nil {
+		x.expectResults(x.pieces - 1)
+	}
+	return x.finish(x.pieces - 1)
+}
+
+// small is a buffer of one piece whose chunks are small: the rail
+// all-reduces each by recursive doubling, in place.
+func (x *railReduce) small() error {
+	pc := x.piece(0)
+	in := pc.of(x.buf)
+	mine := x.chunksOf(pc)
+	if err := x.hostReduceScatter(mine.of(in), in); err != nil {
+		return err
+	}
+	if err := x.railErr(x.ro.allReduceDoubling(mine.of(in))); err != nil {
+		return err
+	}
+	return x.hostAllGather(in)
+}
+
+// reduceScatter reduces piece p across the host into this rank's sum of
+// its chunk.
+func (x *railReduce) reduceScatter(p int) error {
+	pc := x.piece(p)
+	mine := x.chunksOf(pc)
+	var out []byte
+	if x.ro != nil {
+		out = x.hostSum[p%2][:mine.len]
+	}
+	return x.hostReduceScatter(out, pc.of(x.buf))
+}
+
+// hostReduceScatter reduces in across the host into out, this rank's
+// chunk of it (x.chunks).
+func (x *railReduce) hostReduceScatter(out, in []byte) error {
+	if x.hv.size() == 1 {
+		if !overlaps(out, in) {
+			copy(out, x.chunks[0].of(in))
+		}
+		return nil
+	}
+	x.handoff()
+	return x.hostErr(x.ho.reduceScatterShared(out, in, x.chunks))
+}
+
+// hostAllGather copies every host rank's chunk of in to the others.
+func (x *railReduce) hostAllGather(in []byte) error {
+	if x.hv.size() == 1 {
+		return nil
+	}
+	x.handoff()
+	return x.hostErr(x.ho.allGatherSpans(in, x.chunks))
+}
+
+// sendSums posts the receives of piece p's operands (and of the previous
+// piece's results, which the peers send after these operands) and sends
+// each rail rank its part of this rank's sum.
+func (x *railReduce) sendSums(p int) error {
+	pc := x.piece(p)
+	mine := x.chunksOf(pc)
+	at := pc.off + mine.off
+	n, me := x.rv.size(), x.rv.rank
+	own := x.part(mine.len, me)
+	for i := range n - 1 {
+		j := orderAfter(me, n, i)
+		x.posted[p%2][j] = x.ro.expectOperand(j, x.operands[p%2][j*own.len:][:own.len], at+own.off)
+	}
+	if p > 0 {
+		x.expectResults(p - 1)
+	}
+	for i := range n - 1 {
+		j := orderAfter(me, n, i)
+		part := x.part(mine.len, j)
+		if err := x.railErr(x.ro.send(j, part.of(x.hostSum[p%2]), at+part.off)); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// expectResults posts the receives of piece p's results, straight into
+// place.
+func (x *railReduce) expectResults(p int) {
+	pc := x.piece(p)
+	mine := x.chunksOf(pc)
+	at := pc.off + mine.off
+	n, me := x.rv.size(), x.rv.rank
+	for i := range n - 1 {
+		j := orderAfter(me, n, i)
+		part := x.part(mine.len, j)
+		x.ro.expect(j, part.of(x.buf[at:]), at+part.off)
+	}
+}
+
+// finish ends piece p: this rank reduces its part from every host's sum
+// and sends it to the rail, waits for the other parts, and the host
+// all-gathers the piece.
+func (x *railReduce) finish(p int) error {
+	pc := x.piece(p)
+	mine := x.chunksOf(pc)
+	if x.ro != nil {
+		if err := x.railErr(x.reduceParts(p, pc.off+mine.off, mine.len)); err != nil {
+			return err
+		}
+	}
+	return x.hostAllGather(pc.of(x.buf))
+}
+
+// handoff has the writer goroutines write the rail's queued frames
+// before this rank waits in shared memory: a rail peer may wait for them
+// while its host peer waits for it, and ours for us.
+func (x *railReduce) handoff() {
+	if x.ro != nil {
+		x.ro.handoff()
+	}
+}
+
+// reduceParts reduces this rank's part of piece p's chunk, at byte at of
+// the buffer and n long, segment by segment as the operands come, sends
+// each segment of the result to the rail, and waits for theirs.
+func (x *railReduce) reduceParts(p, at, n int) error {
+	ro := x.ro
+	ranks, me := x.rv.size(), x.rv.rank
+	own := x.part(n, me)
+	result := own.of(x.buf[at:])
+	sum := own.of(x.hostSum[p%2])
+	seg := ro.segment()
+	var operands [maxFused][]byte
+	srcs := operands[:0]
+	if ranks > maxFused {
+		srcs = make([][]byte, 0, ranks)
+	}
+	for s := range ro.segments(own.len) {
+		lo := s * seg
+		hi := min(lo+seg, own.len)
+		srcs = srcs[:0]
+		for j := range ranks {
+			if j == me {
+				srcs = append(srcs, sum[lo:hi])
+				continue
+			}
+			r := x.posted[p%2][j][s]
+			if err := ro.await(r); err != nil {
+				return err
+			}
+			srcs = append(srcs, r.buf)
+		}
+		if hi > lo {
+			reduceMany(result[lo:hi], nil, srcs, ro.hdr.dtype, ro.hdr.reduce)
+		}
+		for i := range ranks - 1 {
+			j := orderAfter(me, ranks, i)
+			if err := ro.send(j, result[lo:hi], at+own.off+lo); err != nil {
+				return err
+			}
+		}
+	}
+	// The results come in the order the receives were posted.
+	for _, r := range ro.recvs {
+		if !r.consumed && r.want.offset >= uint64(at) && r.want.offset < uint64(at+max(n, 1)) {
+			if err := ro.await(r); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+func (x *railReduce) hostErr(err error) error { return x.hv.viewErr(err) }
+func (x *railReduce) railErr(err error) error { return x.rv.viewErr(err) }
+
+// allReduceByLeaders reduces buf on each host at its leader, across the
+// leaders, and back to each host.
+func (o *op) allReduceByLeaders(buf []byte) error {
+	h := o.c.hier
+	if err := h.host.reduceToLeader(o, buf); err != nil {
+		return err
+	}
+	if h.leaders != nil {
+		lo := h.leaders.join(o)
+		var err error
+		switch h.leaders.allReduceAlgorithm(len(buf)) {
+		case algoRD:
+			err = lo.allReduceDoubling(buf)
+		case algoRHD:
+			err = lo.allReduceHalving(buf)
+		default:
+			err = lo.allReduceRing(buf)
+		}
+		if err = h.leaders.leave(lo, err); err != nil {
+			return err
+		}
+	}
+	return h.host.broadcastFromLeader(o, buf)
+}
