@@ -61,10 +61,10 @@ type TCPOptions struct {
 	// Algorithm forces the algorithm of the collectives that have it
 	// (GORUN_ALGO): "shm" or "shm-flat" (shared memory, when the world has
 	// it), "hier" (by host, when the world spans hosts and some host runs
-	// two ranks: hierarchy.go; opt-in until measured between real hosts,
-	// since on one machine's loopback it is slower than flat), "ring",
-	// "rhd", "rd", "tree", "chain", "direct", "bruck" (flat, over
-	// sockets). Empty or "auto" chooses by size. Every rank must agree
+	// two ranks: hierarchy.go), "ring", "rhd", "rd", "tree", "chain",
+	// "direct", "bruck" (flat, over sockets). Empty or "auto" chooses by
+	// where the ranks run and the size (algorithm.go): by host where hosts
+	// run several ranks that share memory. Every rank must agree
 	// (frames and shared-memory calls carry the algorithm, so ranks that
 	// do not fail with ErrMismatch).
 	Algorithm string

@@ -33,12 +33,15 @@ const (
 	// into, so that the phases of one piece overlap those of the next.
 	hierPieces = 8
 	// hierPieceMin is the smallest piece: below it the shared-memory
-	// phases' synchronisations cost more than the overlap saves.
-	hierPieceMin = 256 << 10
+	// phases' synchronisations cost more than the overlap saves. On 2
+	// shaped hosts of 2 ranks at 500 Mbit/s, on 2 loaded cores, 1 MiB in
+	// one piece reached 0.077 GB/s busbw and in 4 pieces 0.048.
+	hierPieceMin = 1 << 20
 	// hierRailDoublingMax: a buffer of one piece whose chunk is at most
 	// this goes across the rail by recursive doubling (log2 H rounds of
-	// the whole chunk) rather than by parts (two rounds of 1/H each).
-	hierRailDoublingMax = 16 << 10
+	// the whole chunk) rather than by parts (two rounds of 1/H each): at
+	// 64 KiB, 0.035 GB/s busbw against 0.020 in the same runs.
+	hierRailDoublingMax = 64 << 10
 )
 
 // piecesOf is how many pieces the 2D all_reduce cuts n bytes into.

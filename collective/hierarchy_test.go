@@ -134,6 +134,9 @@ func TestHierarchicalAllReduce(t *testing.T) {
 				for _, dt := range allDTypes {
 					for _, op := range opsFor(dt) {
 						for _, size := range sizes {
+							if size > 4096 && dt != Float32 && dt != Int64 {
+								continue // the phases are the same for every type: keep the test short
+							}
 							size -= size % 8
 							inputs := make([][]byte, n)
 							bufs := make([][]byte, n)
