@@ -64,7 +64,9 @@ type TCPOptions struct {
 	// two ranks: hierarchy.go), "ring", "rhd", "rd", "tree", "chain",
 	// "direct", "bruck" (flat, over sockets). Empty or "auto" chooses by
 	// where the ranks run and the size (algorithm.go): by host where hosts
-	// run several ranks that share memory. Every rank must agree
+	// run several ranks that share memory (all_gather, reduce_scatter and
+	// all_to_all only where every host runs as many: hierarchy_movement.go;
+	// "direct" keeps all_to_all pairwise there). Every rank must agree
 	// (frames and shared-memory calls carry the algorithm, so ranks that
 	// do not fail with ErrMismatch).
 	Algorithm string
