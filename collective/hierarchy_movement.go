@@ -139,7 +139,6 @@ func (o *op) allGatherHierarchical(out, in []byte) error {
 // view's leave would take for its own).
 var errWorldPhase = errors.New("collective: the world's part failed")
 
-
 // gatherRails is all_gather's part in host view o.c: block by block,
 // every rank copies a window of its rail's blocks (rail j's, on the j-th
 // rank) into its slot, once the world op wo has received them (recvs,
