@@ -146,6 +146,9 @@ type topology struct {
 	// hier: the ranks span hosts and some host runs several, with
 	// shared memory among them (a hierarchy in two dimensions).
 	hier bool
+	// grid: hier, every host running as many ranks, which the
+	// hierarchical movement forms need (hierarchy_movement.go).
+	grid bool
 }
 
 // topology is c's.
@@ -154,6 +157,7 @@ func (c *comm) topology() topology {
 		ranks:  c.size(),
 		shared: c.shared(),
 		hier:   c.hier != nil && c.hier.twoD,
+		grid:   c.grid != nil,
 	}
 }
 
@@ -250,25 +254,38 @@ func (c *comm) allGatherAlgorithm(n int) algorithm {
 	switch c.cfg.algo {
 	case algoRing, algoBruck:
 		return c.cfg.algo
+	case algoHier:
+		if c.grid != nil {
+			return algoHier
+		}
 	}
-	if c.size() >= 4 && n <= allGatherBruckMax {
-		return algoBruck
-	}
-	return algoRing
+	return chooseAllGather(c.topology(), n)
 }
 
 func (c *comm) reduceScatterAlgorithm(n int) algorithm {
 	switch c.cfg.algo {
 	case algoRing, algoRD:
 		return c.cfg.algo
+	case algoHier:
+		if c.grid != nil {
+			return algoHier
+		}
 	}
-	if c.shared() {
-		return algoShm
+	return chooseReduceScatter(c.topology(), n)
+}
+
+// allToAllAlgorithm is all_to_all's. Ranks with uneven counts hold
+// buffers of different sizes, so it goes by the topology alone.
+func (c *comm) allToAllAlgorithm() algorithm {
+	switch c.cfg.algo {
+	case algoDirect:
+		return algoDirect
+	case algoHier:
+		if c.grid != nil {
+			return algoHier
+		}
 	}
-	if n <= reduceScatterDoublingMax {
-		return algoRD
-	}
-	return algoRing
+	return chooseAllToAll(c.topology())
 }
 
 // movementAlgorithm is the algorithm of a collective that has one over

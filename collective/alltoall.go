@@ -29,13 +29,16 @@ func (c *comm) AllToAll(ctx context.Context, out, in []byte, dt DType, sendCount
 	if sendCounts[me] != recvCounts[me] {
 		return fmt.Errorf("collective: all_to_all: rank %d sends itself %d elements but expects %d", me, sendCounts[me], recvCounts[me])
 	}
-	algo := c.movementAlgorithm(algoDirect)
+	algo := c.allToAllAlgorithm()
 	o, err := c.begin(ctx, header{coll: collAllToAll, dtype: dt, algo: algo})
 	if err != nil {
 		return err
 	}
-	if algo == algoShm {
+	switch algo {
+	case algoShm:
 		return c.end(o, o.allToAllShared(out, in, sends, recvs))
+	case algoHier:
+		return c.end(o, o.allToAllHierarchical(out, in, sends, recvs))
 	}
 	first := len(o.recvs) // the receives below follow each other there
 	for s := 1; s < n; s++ {

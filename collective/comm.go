@@ -64,7 +64,9 @@ type TCPOptions struct {
 	// two ranks: hierarchy.go), "ring", "rhd", "rd", "tree", "chain",
 	// "direct", "bruck" (flat, over sockets). Empty or "auto" chooses by
 	// where the ranks run and the size (algorithm.go): by host where hosts
-	// run several ranks that share memory. Every rank must agree
+	// run several ranks that share memory (all_gather, reduce_scatter and
+	// all_to_all only where every host runs as many: hierarchy_movement.go;
+	// "direct" keeps all_to_all pairwise there). Every rank must agree
 	// (frames and shared-memory calls carry the algorithm, so ranks that
 	// do not fail with ErrMismatch).
 	Algorithm string
@@ -178,6 +180,7 @@ func NewTCP(ctx context.Context, store rendezvous.Store, rank, size int, opts TC
 		world.shm = t.shm
 	} else {
 		world.hier = newHierarchy(world, hosts, t.shm, mode != "unix")
+		world.grid = newGrid(world.hier, rank)
 	}
 	if err := t.register(world); err != nil {
 		t.close()
@@ -240,6 +243,9 @@ type comm struct {
 	// hier splits the world's collectives by host when the world spans
 	// hosts and some host runs more than one rank (hierarchy.go).
 	hier *hierarchy
+	// grid lays hier out as hosts x ranks when every host runs as many
+	// (hierarchy_movement.go).
+	grid *grid
 	// parent is the communicator a view belongs to: it shares the
 	// parent's id, frames and failure, and names ranks in its own terms.
 	parent *comm

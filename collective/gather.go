@@ -26,6 +26,8 @@ func (c *comm) AllGather(ctx context.Context, out, in []byte, dt DType) error {
 		return c.end(o, o.allGatherShared(out, in, -1))
 	case algoBruck:
 		return c.end(o, o.bruckAllGather(out, in))
+	case algoHier:
+		return c.end(o, o.allGatherHierarchical(out, in))
 	}
 	chunks := fillEqualSpans(o.spans(0, c.size()), len(in))
 	copy(chunks[c.rank].of(out), in)

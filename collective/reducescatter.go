@@ -29,13 +29,21 @@ func (c *comm) ReduceScatter(ctx context.Context, out, in []byte, dt DType, op O
 			len(in), len(out), total*es, counts[c.rank]*es)
 	}
 	algo := c.reduceScatterAlgorithm(len(in))
-	o, err := c.begin(ctx, header{coll: collReduceScatter, dtype: dt, reduce: op, algo: algo, count: uint64(total)})
+	h := header{coll: collReduceScatter, dtype: dt, reduce: op, algo: algo, count: uint64(total)}
+	if algo == algoHier {
+		h.root = countsKey(counts)
+	}
+	o, err := c.begin(ctx, h)
 	if err != nil {
 		return err
 	}
 	chunks := fillCountSpans(o.spans(1, len(counts)), counts, es)
-	if algo == algoShm {
-		err = o.reduceScatterShared(out, in, chunks)
+	if algo == algoShm || algo == algoHier {
+		if algo == algoShm {
+			err = o.reduceScatterShared(out, in, chunks)
+		} else {
+			err = o.reduceScatterHierarchical(out, in, chunks)
+		}
 		if err = c.end(o, err); err == nil && op == Avg {
 			divideBy(out, dt, c.size())
 		}

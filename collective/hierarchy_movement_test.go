@@ -1,0 +1,441 @@
+package collective
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+)
+
+// TestGrid: a world is a grid when every host runs as many ranks, two
+// or more, with the hosts in their leaders' order and each host's ranks
+// ascending.
+func TestGrid(t *testing.T) {
+	cases := []struct {
+		hosts []int
+		grid  []int // ranks by host, then index; nil: no grid
+		local int
+	}{
+		{[]int{0, 0, 1, 1}, []int{0, 1, 2, 3}, 2},
+		{[]int{0, 1, 0, 1}, []int{0, 2, 1, 3}, 2},
+		{[]int{1, 0, 2, 2, 0, 1}, []int{0, 5, 1, 4, 2, 3}, 2},
+		{[]int{0, 0, 0, 1, 1, 2}, nil, 0},
+		{[]int{0, 0, 0, 1}, nil, 0},
+		{[]int{0, 1, 2}, nil, 0}, // no hierarchy: nobody shares a host
+	}
+	for _, tc := range cases {
+		t.Run(fmt.Sprint(tc.hosts), func(t *testing.T) {
+			comms := hostsWorld(t, tc.hosts, TCPOptions{})
+			for r, c := range comms {
+				g := c.(*comm).grid
+				if (g != nil) != (tc.grid != nil) {
+					t.Fatalf("rank %d: grid %v, want one: %v", r, g != nil, tc.grid != nil)
+				}
+				if g == nil {
+					continue
+				}
+				if !slices.Equal(g.ranks, tc.grid) || g.local != tc.local || g.hosts*g.local != len(tc.hosts) {
+					t.Fatalf("rank %d: grid %v of %d x %d, want %v of %d per host", r, g.ranks, g.hosts, g.local, tc.grid, tc.local)
+				}
+				if g.at(g.host, g.index) != r {
+					t.Errorf("rank %d places itself at host %d index %d, which holds %d", r, g.host, g.index, g.at(g.host, g.index))
+				}
+			}
+		})
+	}
+}
+
+// TestChooseMovement: all_gather, reduce_scatter and all_to_all go by
+// hosts on a grid, and as before elsewhere.
+func TestChooseMovement(t *testing.T) {
+	oneHost := topology{ranks: 4, shared: true}
+	flat := topology{ranks: 4}
+	uneven := topology{ranks: 6, hier: true}
+	grid := topology{ranks: 4, hier: true, grid: true}
+	cases := []struct {
+		name                     string
+		t                        topology
+		n                        int
+		allGather, reduceScatter algorithm
+	}{
+		{"one host, 8 B", oneHost, 8, algoBruck, algoShm}, // AllGather takes shared memory first
+		{"hosts of one rank, 8 B", flat, 8, algoBruck, algoRD},
+		{"hosts of one rank, 16 MiB", flat, 16 << 20, algoRing, algoRing},
+		{"hosts of 3, 2 and 1 rank, 1 MiB", uneven, 1 << 20, algoRing, algoRing},
+		{"grid, 8 B", grid, 8, algoHier, algoHier},
+		{"grid, 1 MiB", grid, 1 << 20, algoHier, algoHier},
+		{"grid, 64 MiB", grid, 64 << 20, algoHier, algoHier},
+	}
+	for _, tc := range cases {
+		if got := chooseAllGather(tc.t, tc.n); got != tc.allGather {
+			t.Errorf("%s: all_gather %v, want %v", tc.name, got, tc.allGather)
+		}
+		if got := chooseReduceScatter(tc.t, tc.n); got != tc.reduceScatter {
+			t.Errorf("%s: reduce_scatter %v, want %v", tc.name, got, tc.reduceScatter)
+		}
+	}
+	for _, tc := range []struct {
+		t    topology
+		want algorithm
+	}{{oneHost, algoShm}, {flat, algoDirect}, {uneven, algoDirect}, {grid, algoHier}} {
+		if got := chooseAllToAll(tc.t); got != tc.want {
+			t.Errorf("all_to_all on %+v: %v, want %v", tc.t, got, tc.want)
+		}
+	}
+}
+
+// movementLayouts are the hosts of the tests below: grids (hosts
+// interleaved, and three), and a world that is no grid, where the
+// collectives stay flat.
+var movementLayouts = [][]int{{0, 0, 1, 1}, {0, 1, 0, 1}, {0, 0, 1, 1, 2, 2}, {0, 0, 0, 1, 1, 2}}
+
+// smallPieces makes the hierarchical forms run many blocks and windows
+// on small buffers: 4 KiB shared-memory slots, 1 KiB frames.
+var smallPieces = TCPOptions{shmSlot: 4 << 10, segment: 1 << 10}
+
+// TestHierarchicalAllGather: every rank gets every rank's block in rank
+// order, by the hierarchical form on grids (which the default and
+// GORUN_ALGO=hier choose) and the flat ring elsewhere.
+func TestHierarchicalAllGather(t *testing.T) {
+	for _, hosts := range movementLayouts {
+		for _, algo := range []string{"auto", "hier"} {
+			t.Run(fmt.Sprintf("%v/%s", hosts, algo), func(t *testing.T) {
+				opts := smallPieces
+				opts.Algorithm = algo
+				comms := hostsWorld(t, hosts, opts)
+				ctx := testContext(t, 60*time.Second)
+				n := len(comms)
+				grid := comms[0].(*comm).grid != nil
+				for _, size := range []int{0, 8, 1000, 24 << 10} {
+					ins := make([][]byte, n)
+					outs := make([][]byte, n)
+					var all []byte
+					for r := range n {
+						ins[r] = make([]byte, size)
+						fill(ins[r], Uint8, uint64(size), r)
+						all = append(all, ins[r]...)
+						outs[r] = make([]byte, n*size)
+					}
+					mustAll(t, "all_gather", onAll(comms, func(r int, c Comm) error {
+						if got := c.(*comm).allGatherAlgorithm(n * size); (got == algoHier) != grid {
+							return fmt.Errorf("chose %v on a world whose grid is %v", got, c.(*comm).grid)
+						}
+						return c.AllGather(ctx, outs[r], ins[r], Uint8)
+					}))
+					for r := range n {
+						if !bytes.Equal(outs[r], all) {
+							t.Fatalf("%d bytes: rank %d: %s", size, r, firstDiff(outs[r], all))
+						}
+					}
+				}
+			})
+		}
+	}
+}
+
+// TestHierarchicalReduceScatter: every rank gets its piece of the flat
+// reference's reduction, for every type and operator, even and uneven
+// counts (empty pieces among them), by the hierarchical form on grids
+// and the flat one elsewhere; and the hierarchical result equals the
+// flat ring's bit for bit.
+func TestHierarchicalReduceScatter(t *testing.T) {
+	for _, hosts := range movementLayouts {
+		t.Run(fmt.Sprint(hosts), func(t *testing.T) {
+			comms := hostsWorld(t, hosts, smallPieces)
+			ring := hostsWorld(t, hosts, TCPOptions{Algorithm: "ring"})
+			ctx := testContext(t, 60*time.Second)
+			n := len(comms)
+			grid := comms[0].(*comm).grid != nil
+			even := make([]int, n)
+			uneven := make([]int, n)
+			for r := range n {
+				even[r] = 3000
+				uneven[r] = (r * 1237) % 5000 // rank 0's is empty
+			}
+			uneven[n-1] = 0
+			for _, counts := range [][]int{even, uneven} {
+				for _, dt := range allDTypes {
+					for _, op := range opsFor(dt) {
+						total := 0
+						for _, c := range counts {
+							total += c
+						}
+						chunks := countSpans(counts, dt.Size())
+						inputs := make([][]byte, n)
+						for r := range n {
+							inputs[r] = make([]byte, total*dt.Size())
+							fill(inputs[r], dt, uint64(total)+uint64(op), r)
+						}
+						ref := reference(t, inputs, dt, op)
+						run := func(comms []Comm, hier bool) [][]byte {
+							outs := make([][]byte, n)
+							mustAll(t, "reduce_scatter", onAll(comms, func(r int, c Comm) error {
+								outs[r] = make([]byte, chunks[r].len)
+								if got := c.(*comm).reduceScatterAlgorithm(len(inputs[r])); (got == algoHier) != hier {
+									return fmt.Errorf("chose %v, want hier: %v", got, hier)
+								}
+								return c.ReduceScatter(ctx, outs[r], inputs[r], dt, op, counts)
+							}))
+							return outs
+						}
+						got, flat := run(comms, grid), run(ring, false)
+						for r := range n {
+							if !bytes.Equal(got[r], chunks[r].of(ref)) {
+								t.Fatalf("%v %v counts %v: rank %d: %s", dt, op, counts, r, firstDiff(got[r], chunks[r].of(ref)))
+							}
+							if !bytes.Equal(got[r], flat[r]) {
+								t.Fatalf("%v %v counts %v: rank %d differs from the ring: %s", dt, op, counts, r, firstDiff(got[r], flat[r]))
+							}
+						}
+					}
+				}
+			}
+		})
+	}
+}
+
+// TestHierarchicalAllToAll: every rank gets every rank's piece for it,
+// with even counts and counts that differ per pair (empty pieces among
+// them, and pieces longer than a window), by the hierarchical form on
+// grids (which the default and GORUN_ALGO=hier choose) and pairwise
+// exchange elsewhere.
+func TestHierarchicalAllToAll(t *testing.T) {
+	for _, hosts := range movementLayouts {
+		t.Run(fmt.Sprint(hosts), func(t *testing.T) {
+			comms := hostsWorld(t, hosts, smallPieces)
+			ctx := testContext(t, 60*time.Second)
+			n := len(comms)
+			grid := comms[0].(*comm).grid != nil
+			pairs := map[string]func(from, to int) int{
+				"even":   func(int, int) int { return 700 },
+				"uneven": func(from, to int) int { return (from*977 + to*1543) % 3001 },
+				"empty":  func(int, int) int { return 0 },
+			}
+			for name, pair := range pairs {
+				for _, dt := range []DType{Uint8, Float32, Float64} {
+					es := dt.Size()
+					ins := make([][]byte, n)
+					outs := make([][]byte, n)
+					mustAll(t, "all_to_all", onAll(comms, func(r int, c Comm) error {
+						if got := c.(*comm).allToAllAlgorithm(); (got == algoHier) != grid {
+							return fmt.Errorf("chose %v on a world whose grid is %v", got, c.(*comm).grid)
+						}
+						sendCounts, recvCounts := make([]int, n), make([]int, n)
+						sends, recvs := 0, 0
+						for j := range n {
+							sendCounts[j], recvCounts[j] = pair(r, j), pair(j, r)
+							sends, recvs = sends+sendCounts[j], recvs+recvCounts[j]
+						}
+						ins[r] = make([]byte, sends*es)
+						fill(ins[r], dt, 5, r)
+						outs[r] = make([]byte, recvs*es)
+						return c.AllToAll(ctx, outs[r], ins[r], dt, sendCounts, recvCounts)
+					}))
+					for r := range n {
+						off := 0
+						for j := range n {
+							from := 0
+							for k := range r {
+								from += pair(j, k) * es
+							}
+							want := ins[j][from : from+pair(j, r)*es]
+							if got := outs[r][off : off+len(want)]; !bytes.Equal(got, want) {
+								t.Fatalf("%s %v: rank %d's piece from %d: %s", name, dt, r, j, firstDiff(got, want))
+							}
+							off += len(want)
+						}
+					}
+				}
+			}
+		})
+	}
+}
+
+// TestHierarchicalMovementInPlace: a reduce_scatter whose out is part of
+// its in, and an all_gather whose in is part of its out, as torch's
+// _base variants pass them.
+func TestHierarchicalMovementInPlace(t *testing.T) {
+	comms := hostsWorld(t, []int{0, 1, 0, 1}, smallPieces)
+	ctx := testContext(t, 30*time.Second)
+	n, per := len(comms), 5000
+	inputs := make([][]byte, n)
+	bufs := make([][]byte, n)
+	for r := range n {
+		inputs[r] = make([]byte, n*per*4)
+		fill(inputs[r], Float32, 11, r)
+		bufs[r] = bytes.Clone(inputs[r])
+	}
+	ref := reference(t, inputs, Float32, Sum)
+	counts := []int{per, per, per, per}
+	mustAll(t, "reduce_scatter", onAll(comms, func(r int, c Comm) error {
+		return c.ReduceScatter(ctx, bufs[r][r*per*4:][:per*4], bufs[r], Float32, Sum, counts)
+	}))
+	mustAll(t, "all_gather", onAll(comms, func(r int, c Comm) error {
+		return c.AllGather(ctx, bufs[r], bufs[r][r*per*4:][:per*4], Float32)
+	}))
+	for r := range n {
+		if !bytes.Equal(bufs[r], ref) {
+			t.Fatalf("rank %d: %s", r, firstDiff(bufs[r], ref))
+		}
+	}
+}
+
+// TestHierarchicalMovementMismatch: a rank that calls with another size
+// or counts, on the caller's host or another, or forces a flat
+// algorithm, fails every rank with a mismatch, at once.
+func TestHierarchicalMovementMismatch(t *testing.T) {
+	cases := []struct {
+		name string
+		flat int // the rank that forces the ring, or -1
+		call func(ctx context.Context, r int, c Comm) error
+	}{
+		{"all_gather size on another host", -1, func(ctx context.Context, r int, c Comm) error {
+			n := 4096
+			if r == 2 {
+				n = 8192
+			}
+			return c.AllGather(ctx, make([]byte, 4*n), make([]byte, n), Uint8)
+		}},
+		{"all_gather size on the host", -1, func(ctx context.Context, r int, c Comm) error {
+			n := 4096
+			if r == 1 {
+				n = 8192
+			}
+			return c.AllGather(ctx, make([]byte, 4*n), make([]byte, n), Uint8)
+		}},
+		{"reduce_scatter counts", -1, func(ctx context.Context, r int, c Comm) error {
+			counts := []int{1000, 1000, 1000, 1000}
+			if r == 3 {
+				counts = []int{1000, 1000, 500, 1500}
+			}
+			return c.ReduceScatter(ctx, make([]byte, 4*counts[r]), make([]byte, 4*4000), Float32, Sum, counts)
+		}},
+		{"all_to_all pair on the host", -1, func(ctx context.Context, r int, c Comm) error {
+			counts := []int{100, 100, 100, 100}
+			recv := slices.Clone(counts)
+			if r == 1 {
+				recv[0] = 50 // rank 0 sends 100
+			}
+			return c.AllToAll(ctx, make([]byte, 4*sum(recv)), make([]byte, 4*400), Float32, counts, recv)
+		}},
+		{"all_to_all pair across hosts", -1, func(ctx context.Context, r int, c Comm) error {
+			counts := []int{100, 100, 100, 100}
+			send := slices.Clone(counts)
+			if r == 3 {
+				send[0] = 150 // rank 0 expects 100
+			}
+			return c.AllToAll(ctx, make([]byte, 4*400), make([]byte, 4*sum(send)), Float32, send, counts)
+		}},
+		{"all_to_all pairwise on one rank", 2, func(ctx context.Context, r int, c Comm) error {
+			counts := []int{100, 100, 100, 100}
+			return c.AllToAll(ctx, make([]byte, 4*400), make([]byte, 4*400), Float32, counts, counts)
+		}},
+		{"reduce_scatter by the ring on one rank", 3, func(ctx context.Context, r int, c Comm) error {
+			return c.ReduceScatter(ctx, make([]byte, 4096), make([]byte, 4*4096), Float32, Sum, []int{1024, 1024, 1024, 1024})
+		}},
+		{"all_gather by the ring on one rank", 0, func(ctx context.Context, r int, c Comm) error {
+			return c.AllGather(ctx, make([]byte, 4*4096), make([]byte, 4096), Uint8)
+		}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			comms := testWorldOf(t, 4, func(r int) TCPOptions {
+				o := smallPieces
+				o.HostID = fmt.Sprintf("test-host-%d", r/2)
+				if r == tc.flat {
+					o.Algorithm = "ring"
+					if strings.HasPrefix(tc.name, "all_to_all") {
+						o.Algorithm = "direct"
+					}
+				}
+				return o
+			})
+			ctx := testContext(t, 20*time.Second)
+			start := time.Now()
+			errs := onAll(comms, func(r int, c Comm) error {
+				if err := tc.call(ctx, r, c); err != nil {
+					return err
+				}
+				return c.Barrier(ctx)
+			})
+			if d := time.Since(start); d > 5*time.Second {
+				t.Errorf("took %v: a mismatch must fail at once", d)
+			}
+			for r, err := range errs {
+				t.Logf("rank %d: %v", r, err)
+				if !errors.Is(err, ErrMismatch) {
+					t.Errorf("rank %d: %v, want a mismatch", r, err)
+				}
+			}
+		})
+	}
+}
+
+// TestHierarchicalMovementPeerDeath: a rank that dies mid-call, on the
+// host or across, is named by every other rank, at once.
+func TestHierarchicalMovementPeerDeath(t *testing.T) {
+	size := 1 << 20
+	calls := map[string]func(ctx context.Context, c Comm, in, out []byte) error{
+		"all_gather": func(ctx context.Context, c Comm, in, out []byte) error {
+			return c.AllGather(ctx, out, in, Float32)
+		},
+		"all_to_all": func(ctx context.Context, c Comm, in, out []byte) error {
+			q := len(in) / 4 / c.Size()
+			counts := []int{q, q, q, q}
+			return c.AllToAll(ctx, out[:len(in)], in, Float32, counts, counts)
+		},
+		"reduce_scatter": func(ctx context.Context, c Comm, in, out []byte) error {
+			q := len(in) / 4 / c.Size()
+			return c.ReduceScatter(ctx, out[:4*q], in[:4*q*c.Size()], Float32, Sum, []int{q, q, q, q})
+		},
+	}
+	for name, call := range calls {
+		for _, victim := range []int{1, 2} {
+			t.Run(fmt.Sprintf("%s/rank %d", name, victim), func(t *testing.T) {
+				comms := hostsWorld(t, []int{0, 0, 1, 1}, TCPOptions{Algorithm: "hier"})
+				ctx := testContext(t, 60*time.Second)
+				var killed time.Time
+				errs := onAll(comms, func(r int, c Comm) error {
+					in, out := make([]byte, size), make([]byte, 4*size)
+					for i := 0; ; i++ {
+						if r == victim && i == 2 {
+							killed = time.Now()
+							c.(*comm).t.close()
+							return nil
+						}
+						if err := call(ctx, c, in, out); err != nil {
+							return err
+						}
+						if i > 1000 {
+							return errors.New("never failed")
+						}
+					}
+				})
+				if took := time.Since(killed); took > 5*time.Second {
+					t.Errorf("the others failed %v after the death", took)
+				}
+				for r, err := range errs {
+					if r == victim {
+						continue
+					}
+					t.Logf("rank %d: %v", r, err)
+					var pe *PeerError
+					if !errors.As(err, &pe) || pe.Rank != victim {
+						t.Errorf("rank %d: %v, want a PeerError naming rank %d", r, err, victim)
+					}
+				}
+			})
+		}
+	}
+}
+
+func sum(counts []int) (s int) {
+	for _, n := range counts {
+		s += n
+	}
+	return s
+}
