@@ -88,7 +88,7 @@ func (s *socketSet) ready(n int) uint32 {
 var errWouldBlock = errors.New("collective: no data yet")
 
 // errHeldBack says the next frame waits in the socket until a receive
-// asks for it (transport.readAheadLocked).
+// asks for it (mayReadAhead).
 var errHeldBack = errors.New("collective: read ahead as far as allowed")
 
 // newInConn takes over c's socket: it duplicates the descriptor and
@@ -276,18 +276,16 @@ func (ic *inConn) read(p []byte) (int, error) {
 
 func (ic *inConn) fail(err error) {
 	ic.err = err
-	if r := ic.req; r != nil {
-		ic.req = nil
-		ic.t.mu.Lock()
-		r.cause = fmt.Errorf("connection lost in the middle of a frame: %w", err)
-		r.complete()
-		ic.t.mu.Unlock()
+	r, f := ic.req, ic.frame
+	if r == nil && f == nil {
+		return
 	}
-	if f := ic.frame; f != nil {
-		ic.frame = nil
-		ic.t.mu.Lock()
-		ic.t.releaseLocked(ic.src, f)
-		ic.t.mu.Unlock()
+	ic.req, ic.frame = nil, nil
+	m := ic.t.match
+	m.mu.Lock()
+	m.broke(ic.src, r, f, fmt.Errorf("connection lost in the middle of a frame: %w", err))
+	m.mu.Unlock()
+	if f != nil {
 		ic.t.bufs.put(f)
 	}
 }
@@ -329,63 +327,43 @@ func (ic *inConn) begin() error {
 	default:
 		return fmt.Errorf("collective: unexpected frame kind %d", h.kind)
 	}
-	t := ic.t
-	key := h.boxKey(ic.src, ic.lane)
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	if t.retired[h.comm] {
+	m := ic.t.match
+	m.mu.Lock()
+	verdict, r, f := m.arrive(h.boxKey(ic.src, ic.lane), h)
+	m.mu.Unlock()
+	switch verdict {
+	case arriveDiscard, arriveMismatch:
 		ic.skip = int(h.length)
-		return nil
-	}
-	if r := t.takePostedLocked(key, h); r != nil {
-		r.from = ic.src
-		if *h != r.want {
-			r.got = *h
-			r.mismatch = true
-			r.complete()
-			ic.skip = int(h.length)
-			return nil
-		}
-		r.state = reqFilling
+	case arriveFill:
 		ic.req, ic.dst = r, r.buf
-		return nil
-	}
-	if !t.readAheadLocked(ic.src, h) {
+	case arriveHold:
+		ic.frame, ic.dst = f, f.data
+	case arriveHoldBack:
 		ic.r -= headerSize
 		ic.inBody = false
 		return errHeldBack
 	}
-	ic.frame = t.bufs.get(h)
-	t.holdLocked(ic.src, ic.frame)
-	ic.dst = ic.frame.data
 	return nil
 }
 
 // end routes the frame whose payload has all come.
 func (ic *inConn) end() {
-	t := ic.t
 	ic.inBody = false
 	h := ic.hdr
+	m := ic.t.match
 	switch r, f := ic.req, ic.frame; {
 	case r != nil:
 		ic.req = nil
-		t.mu.Lock()
+		m.mu.Lock()
 		r.complete()
-		t.mu.Unlock()
+		m.mu.Unlock()
 	case f != nil:
 		ic.frame = nil
-		key := h.boxKey(ic.src, ic.lane)
-		t.mu.Lock()
-		// A receive may have been posted while we read.
-		if r := t.takePostedLocked(key, &h); r != nil {
-			t.fillLocked(r, f, ic.src)
-		} else {
-			b := t.boxLocked(key)
-			b.frames = append(b.frames, f)
-		}
-		t.mu.Unlock()
+		m.mu.Lock()
+		m.deliver(h.boxKey(ic.src, ic.lane), f) // a receive may have been posted while we read
+		m.mu.Unlock()
 	case h.kind != kindData:
-		t.control(ic.src, &h, ic.dst)
+		ic.t.control(ic.src, &h, ic.dst)
 	}
 	ic.dst = nil
 }

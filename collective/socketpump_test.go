@@ -397,9 +397,9 @@ func TestSendSucceedsWhenPeerClosesAfterReceiving(t *testing.T) {
 				tr := c.(*comm).t
 				key := boxKey{comm: worldID, src: 0, p2p: true}
 				queued := func() bool {
-					tr.mu.Lock()
-					defer tr.mu.Unlock()
-					b := tr.boxes[key]
+					tr.match.mu.Lock()
+					defer tr.match.mu.Unlock()
+					b := tr.match.boxes[key]
 					return b != nil && len(b.frames) > 0
 				}
 				if !waitFor(10*time.Second, queued) {
@@ -736,9 +736,9 @@ func TestReadAheadIsBounded(t *testing.T) {
 				return time.Since(steadySince) > 300*time.Millisecond
 			})
 			tr := comms[1].(*comm).t
-			tr.mu.Lock()
-			held := tr.peers[0].held
-			tr.mu.Unlock()
+			tr.match.mu.Lock()
+			held := tr.match.peers[0].held
+			tr.match.mu.Unlock()
 			if held > heldLimit+size {
 				t.Errorf("the receiver holds %d bytes read ahead, past the bound of %d and a frame", held, heldLimit)
 			}
@@ -784,9 +784,9 @@ func TestEarlyFramesLendTheirBuffers(t *testing.T) {
 				early := make(chan error, 1)
 				go func() { early <- comms[0].AllReduce(ctx, inputs[0], Float32, Sum) }()
 				held := func() bool {
-					tr.mu.Lock()
-					defer tr.mu.Unlock()
-					return tr.peers[0].held > 0
+					tr.match.mu.Lock()
+					defer tr.match.mu.Unlock()
+					return tr.match.peers[0].held > 0
 				}
 				if !waitFor(10*time.Second, held) {
 					t.Fatalf("call %d: rank 0's frames were never read ahead", call)
