@@ -63,7 +63,7 @@ type recvReq struct {
 
 	// borrow: buf is scratch the op only reads, so a frame that came
 	// before r was posted may lend r its buffer instead of being copied
-	// (fillLocked); lent is that frame, back to the pool with r.
+	// (matching.fill); lent is that frame, back to the pool with r.
 	borrow bool
 	lent   *frame
 

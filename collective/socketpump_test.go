@@ -633,9 +633,9 @@ func TestCloseWhileFillingFailsReceive(t *testing.T) {
 	}
 	ic := tr.incoming(0, 0)
 	filling := func() bool {
-		ic.mu.Lock()
-		defer ic.mu.Unlock()
-		return ic.req != nil && ic.got > 0
+		rd := ic.take()
+		defer rd.give()
+		return rd.req != nil && rd.got > 0
 	}
 	if !waitFor(5*time.Second, filling) {
 		t.Fatal("never filling")
@@ -669,11 +669,11 @@ func TestSmallSendHonoursContextWhenPeerStopsReading(t *testing.T) {
 		t.Fatal(err)
 	}
 	ic := comms[1].(*comm).t.incoming(0, 0)
-	ic.mu.Lock() // nobody on rank 1 can read now
-	unlocked := false
+	rd := ic.take() // nobody on rank 1 can read now
+	given := false
 	defer func() {
-		if !unlocked {
-			ic.mu.Unlock()
+		if !given {
+			rd.give()
 		}
 	}()
 	done := make(chan error, 1)
@@ -695,8 +695,8 @@ func TestSmallSendHonoursContextWhenPeerStopsReading(t *testing.T) {
 	case err := <-done:
 		t.Logf("after %d sends: %v", sends, err)
 	case <-time.After(5 * time.Second):
-		ic.mu.Unlock()
-		unlocked = true
+		rd.give()
+		given = true
 		err := <-done
 		t.Fatalf("a 60 KiB Send with a 300ms deadline was still blocked 5s later (returned %v once the peer read again)", err)
 	}
@@ -765,7 +765,7 @@ func TestReadAheadIsBounded(t *testing.T) {
 
 // TestEarlyFramesLendTheirBuffers: a rank that reaches an all_reduce late
 // finds its peer's first frames read ahead, and reduces from their
-// buffers instead of a copy (fillLocked). Three calls in a row, each late,
+// buffers instead of a copy (matching.fill). Three calls in a row, each late,
 // must all come out right: a lent buffer goes back to the pool only once
 // its op is done with it.
 func TestEarlyFramesLendTheirBuffers(t *testing.T) {

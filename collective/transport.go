@@ -30,6 +30,16 @@ import (
 // posted buffers. Every communicator split from the world shares these
 // connections.
 //
+// Who owns what: the transport's mutex guards the connections (which
+// are open, why the outgoing ones ended); the matcher (matching.go)
+// owns, under a mutex of its own, where frames go: mailboxes, posted
+// receives, how far each peer may be read ahead, which lanes ended, and
+// the communicators that abort notes and queries go to. Each incoming
+// connection's socket and parser belong to whoever holds its read token
+// (inConn.turn: a spinning op or the poller), each outgoing one's queue
+// to whoever holds its right to write (outConn.writing: the sender, a
+// spinning op or the writer goroutine).
+//
 // Between hosts, and between all ranks when TCP is forced, a pair has
 // several streams each way (lanes; GORUN_TCP_STREAMS, as many as the
 // fewer of the two ends asked for). A data frame's lane follows from its
@@ -282,8 +292,7 @@ func (t *transport) serve(c net.Conn) {
 	}
 	if err == nil {
 		if err = t.poller.add(ic); err != nil {
-			ic.mu.Lock()
-			ic.retire(err)
+			ic.take().retire(err)
 			return
 		}
 	}
