@@ -283,17 +283,18 @@ func newComm(t *transport, id uint64, rank int, world []int) *comm {
 
 // register makes c reachable by id, applying an abort that came first.
 func (t *transport) register(c *comm) error {
-	t.mu.Lock()
-	defer t.mu.Unlock()
+	m := t.match
+	m.mu.Lock()
+	defer m.mu.Unlock()
 	switch {
-	case t.closed:
+	case m.closed:
 		return ErrClosed
-	case t.comms[c.id] != nil || t.retired[c.id]:
+	case m.comms[c.id] != nil || m.retired[c.id]:
 		return fmt.Errorf("collective: communicator %#x exists already: split ids must be unique", c.id)
 	}
-	t.comms[c.id] = c
-	if note := t.orphans[c.id]; note != nil {
-		delete(t.orphans, c.id)
+	m.comms[c.id] = c
+	if note := m.orphans[c.id]; note != nil {
+		delete(m.orphans, c.id)
 		c.fail(note.errorFor(c.rank))
 	}
 	return nil
@@ -477,16 +478,17 @@ func (t *transport) control(src int, h *header, payload []byte) {
 			t.log.Warn().Int("peer", src).Err(err).Msg("bad abort note")
 			return
 		}
-		t.mu.Lock()
-		c := t.comms[h.comm]
+		m := t.match
+		m.mu.Lock()
+		c := m.comms[h.comm]
 		if c == nil {
-			if !t.retired[h.comm] {
-				t.orphans[h.comm] = &note
+			if !m.retired[h.comm] {
+				m.orphans[h.comm] = &note
 			}
-			t.mu.Unlock()
+			m.mu.Unlock()
 			return
 		}
-		t.mu.Unlock()
+		m.mu.Unlock()
 		err := note.errorFor(c.rank)
 		if c.fail(err) {
 			c.log.Debug().Int("peer", src).Err(err).Msg("aborted by peer")
@@ -609,10 +611,10 @@ func (c *comm) Close() error {
 	}
 	c.fail(ErrClosed)
 	t := c.t
-	t.mu.Lock()
-	delete(t.comms, c.id)
-	t.retireLocked(c.id)
-	t.mu.Unlock()
+	t.match.mu.Lock()
+	delete(t.match.comms, c.id)
+	t.match.retire(c.id)
+	t.match.mu.Unlock()
 	if c.isWorld {
 		t.close()
 	}

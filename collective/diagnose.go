@@ -91,17 +91,18 @@ func (c *comm) diagnose(o *op, waitingFor []int) (hint string, culprits []int) {
 // answers within diagnoseWait, keyed by comm rank.
 func (t *transport) query(c *comm, want int) map[int]statusNote {
 	replies := make(chan statusReply, c.size())
-	t.mu.Lock()
-	if t.closed {
-		t.mu.Unlock()
+	m := t.match
+	m.mu.Lock()
+	if m.closed {
+		m.mu.Unlock()
 		return nil
 	}
-	t.queries[c.id] = replies
-	t.mu.Unlock()
+	m.queries[c.id] = replies
+	m.mu.Unlock()
 	defer func() {
-		t.mu.Lock()
-		delete(t.queries, c.id)
-		t.mu.Unlock()
+		m.mu.Lock()
+		delete(m.queries, c.id)
+		m.mu.Unlock()
 	}()
 	h := header{kind: kindQuery, comm: c.id}
 	for peer, dst := range c.world {
@@ -149,10 +150,10 @@ func (t *transport) spawn(f func()) {
 // diagnosisFrame answers a query, or hands a status to the query waiting
 // for it.
 func (t *transport) diagnosisFrame(src int, h *header, payload []byte) {
-	t.mu.Lock()
-	c := t.comms[h.comm]
-	replies := t.queries[h.comm]
-	t.mu.Unlock()
+	t.match.mu.Lock()
+	c := t.match.comms[h.comm]
+	replies := t.match.queries[h.comm]
+	t.match.mu.Unlock()
 	switch h.kind {
 	case kindQuery:
 		note := statusNote{Waiting: -1}

@@ -2,7 +2,6 @@ package collective
 
 import (
 	"math/bits"
-	"slices"
 	"sync"
 	"sync/atomic"
 )
@@ -54,7 +53,7 @@ const (
 
 // recvReq is one posted receive: a frame with exactly header want from src
 // (a world rank, or anySource) into buf. state, from, got, cause and
-// mismatch are guarded by the transport's mutex until done is signalled.
+// mismatch are guarded by the matcher's mutex until done is signalled.
 type recvReq struct {
 	want header
 	src  int
@@ -64,7 +63,7 @@ type recvReq struct {
 
 	// borrow: buf is scratch the op only reads, so a frame that came
 	// before r was posted may lend r its buffer instead of being copied
-	// (fillLocked); lent is that frame, back to the pool with r.
+	// (matching.fill); lent is that frame, back to the pool with r.
 	borrow bool
 	lent   *frame
 
@@ -78,7 +77,7 @@ type recvReq struct {
 	consumed bool          // the op has taken the token (op-local)
 }
 
-// complete marks r done and wakes its op. Called with the transport's
+// complete marks r done and wakes its op. Called with the matcher's
 // mutex held, or by the reader that owns a filling r.
 func (r *recvReq) complete() {
 	r.state = reqDone
@@ -196,64 +195,6 @@ func (l *freeList[T]) put(v *T) {
 	l.mu.Unlock()
 }
 
-// takePostedLocked pops the receive a frame with header h from key.src
-// should fill: the oldest posted in its mailbox, else, for the first frame
-// of a message on a tag, the oldest AnySource receive.
-func (t *transport) takePostedLocked(key boxKey, h *header) *recvReq {
-	if box := t.boxes[key]; box != nil && len(box.posted) > 0 {
-		t.unwantLocked(key.src, 1)
-		return popFront(&box.posted)
-	}
-	if key.p2p && h.offset == 0 && key.lane == 0 {
-		anyKey := key
-		anyKey.src = anySource
-		if box := t.boxes[anyKey]; box != nil && len(box.posted) > 0 {
-			t.unwantLocked(anySource, 1)
-			return popFront(&box.posted)
-		}
-	}
-	return nil
-}
-
-// heldLimit bounds the bytes of a peer's frames (of any kind) that a rank
-// holds unasked-for before it stops reading that peer's collective
-// frames, while no receive waits for the peer: the rest stays in the
-// socket, and the sender waits, as TCP's flow control makes it. Without a bound, a sender that runs ahead
-// (a broadcast's root calling in a loop) filled the receiver's memory
-// without end, 1 GB in 6 seconds of 1 MiB broadcasts, and the receiver
-// spent 43% of its time in the kernel faulting in and zeroing the fresh
-// memory. A collective's frames can wait: the ranks of a communicator
-// call its collectives in the same order, so the receiver asks for them
-// when it gets there. A receive waiting for the peer lifts the bound, as
-// the frame it waits for may come after those held back (another
-// communicator's, a tag's). Send/recv frames are always read: a Send
-// completes whether or not its Recv was posted, so two ranks may both
-// send before they receive.
-const heldLimit = 4 << 20
-
-// readAheadLocked says whether the frame with header h from src, which no
-// receive waits for, may be read now.
-func (t *transport) readAheadLocked(src int, h *header) bool {
-	p, n := &t.peers[src], int(h.length)
-	return h.coll == collSend || p.held == 0 || p.held+n <= heldLimit || p.wanted > 0 || t.anyWanted > 0
-}
-
-// holdLocked and releaseLocked account for the buffered frames of src.
-func (t *transport) holdLocked(src int, f *frame)    { t.peers[src].held += len(f.data) }
-func (t *transport) releaseLocked(src int, f *frame) { t.peers[src].held -= len(f.data) }
-
-// wantLocked and unwantLocked count n receives of src (or anySource)
-// into and out of its mailboxes.
-func (t *transport) wantLocked(src, n int) {
-	if src == anySource {
-		t.anyWanted += n
-	} else {
-		t.peers[src].wanted += n
-	}
-}
-
-func (t *transport) unwantLocked(src, n int) { t.wantLocked(src, -n) }
-
 // popFront removes and returns the first of q, shifting the rest down
 // rather than reslicing, so that the queue keeps its capacity and appends
 // allocate nothing once warm (the mailboxes and a connection's frames
@@ -266,128 +207,4 @@ func popFront[T any](q *[]T) T {
 	s[n] = zero // let the collector have what it points to
 	*q = s[:n]
 	return v
-}
-
-// boxLocked returns key's mailbox, creating it.
-func (t *transport) boxLocked(key boxKey) *mailbox {
-	b := t.boxes[key]
-	if b == nil {
-		b = &mailbox{}
-		t.boxes[key] = b
-	}
-	return b
-}
-
-// post hands r to the transport: it completes at once from a frame that
-// came earlier, or fails at once when its sender is gone, or waits in its
-// mailbox. members are the world ranks an AnySource receive listens to.
-func (t *transport) post(r *recvReq, key boxKey, members []int) {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	if t.closed {
-		r.cause = ErrClosed
-		r.complete()
-		return
-	}
-	if key.src == anySource {
-		for _, src := range members {
-			k := key
-			k.src = src
-			if b := t.boxes[k]; b != nil && len(b.frames) > 0 && b.frames[0].h.offset == 0 {
-				t.fillLocked(r, popFront(&b.frames), src)
-				return
-			}
-		}
-	} else {
-		if b := t.boxes[key]; b != nil && len(b.frames) > 0 {
-			t.fillLocked(r, popFront(&b.frames), key.src)
-			return
-		}
-		if err := t.peers[key.src].inErr[key.lane]; err != nil {
-			r.cause = err
-			r.complete()
-			return
-		}
-	}
-	b := t.boxLocked(key)
-	b.posted = append(b.posted, r)
-	r.state = reqPosted
-	t.wantLocked(key.src, 1)
-}
-
-// fillLocked completes r from an unexpected frame f sent by src.
-func (t *transport) fillLocked(r *recvReq, f *frame, src int) {
-	r.from = src
-	t.releaseLocked(src, f)
-	switch {
-	case f.h != r.want:
-		r.got = f.h
-		r.mismatch = true
-	case r.borrow:
-		r.buf, r.lent = f.data, f
-		r.complete()
-		return
-	default:
-		copy(r.buf, f.data)
-	}
-	t.bufs.put(f)
-	r.complete()
-}
-
-// cancel withdraws r and returns the state it was in: reqPosted (now
-// withdrawn, no token will come), reqFilling (a reader is copying into buf
-// right now; the token comes when that read ends) or reqDone (the token
-// is waiting to be taken).
-func (t *transport) cancel(r *recvReq, key boxKey) reqState {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	state := r.state
-	if state == reqPosted {
-		if b := t.boxes[key]; b != nil {
-			if i := slices.Index(b.posted, r); i >= 0 {
-				b.posted = slices.Delete(b.posted, i, i+1)
-				t.unwantLocked(key.src, 1)
-			}
-		}
-		r.state = reqIdle
-	}
-	return state
-}
-
-// failPostedLocked fails every receive waiting on src on a lane whose
-// connection ended (peer.inErr).
-func (t *transport) failPostedLocked(src int) {
-	for key, b := range t.boxes {
-		err := t.peers[src].inErr[key.lane]
-		if key.src != src || err == nil {
-			continue
-		}
-		for _, r := range b.posted {
-			r.cause = err
-			r.complete()
-		}
-		t.unwantLocked(src, len(b.posted))
-		b.posted = nil
-	}
-}
-
-// retireLocked forgets a communicator's mailboxes and recycles their
-// frames; frames that come for it later are dropped.
-func (t *transport) retireLocked(comm uint64) {
-	for key, b := range t.boxes {
-		if key.comm != comm {
-			continue
-		}
-		for _, f := range b.frames {
-			t.releaseLocked(key.src, f)
-			t.bufs.put(f)
-		}
-		for _, r := range b.posted {
-			r.cause = ErrClosed
-			r.complete()
-		}
-		t.unwantLocked(key.src, len(b.posted))
-		delete(t.boxes, key)
-	}
-	t.retired[comm] = true
 }

@@ -72,7 +72,7 @@ func (o *op) expectInto(peer int, buf []byte, off int, borrow bool) []*recvReq {
 		r.want.length = uint32(hi - lo)
 		r.src, r.lane, r.peer, r.buf, r.borrow = src, t.lane(src, &r.want), peer, buf[lo:hi], borrow
 		o.recvs = append(o.recvs, r)
-		t.post(r, o.key(r), nil)
+		t.match.post(r, o.key(r), nil)
 		if hi == len(buf) {
 			break
 		}
@@ -88,7 +88,7 @@ func (o *op) expectAny(buf []byte) *recvReq {
 	r.want.length = uint32(min(len(buf), o.segment()))
 	r.src, r.peer, r.buf = anySource, AnySource, buf[:r.want.length]
 	o.recvs = append(o.recvs, r)
-	o.c.t.post(r, o.key(r), o.c.world)
+	o.c.t.match.post(r, o.key(r), o.c.world)
 	return r
 }
 
@@ -396,7 +396,7 @@ func (o *op) withdraw() {
 		if r.consumed {
 			continue
 		}
-		switch t.cancel(r, o.key(r)) {
+		switch t.match.cancel(r, o.key(r)) {
 		case reqFilling:
 			src, lane := r.src, r.lane
 			waitOrCut(r.done, func() { t.dropIncoming(src, lane) })
@@ -452,10 +452,7 @@ func (o *op) awaitCause(err error) {
 			return
 		default:
 		}
-		t.mu.Lock()
-		p := &t.peers[src]
-		ended, connected := p.inErr[0] != nil, p.in[0].Load() != nil // notes come on lane 0
-		t.mu.Unlock()
+		ended, connected := t.laneEnded(src, 0) != nil, t.peers[src].in[0].Load() != nil // notes come on lane 0
 		if (ended || !connected) && time.Since(start) >= unconnectedWait {
 			return
 		}
@@ -529,9 +526,9 @@ func (o *op) timedOut(action string, ranks []int) error {
 
 // pendingRanks lists the peers whose frames the op still waits for.
 func (o *op) pendingRanks() []int {
-	t := o.c.t
-	t.mu.Lock()
-	defer t.mu.Unlock()
+	m := o.c.t.match
+	m.mu.Lock()
+	defer m.mu.Unlock()
 	var ranks []int
 	for _, r := range o.recvs {
 		if !r.consumed && r.state != reqDone {

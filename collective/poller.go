@@ -35,9 +35,9 @@ func newPoller(t *transport) (*poller, error) {
 
 // add starts watching ic, unless the transport's close dropped it first.
 func (p *poller) add(ic *inConn) error {
-	ic.mu.Lock()
-	defer ic.mu.Unlock()
-	if ic.closed {
+	rd := ic.take()
+	defer rd.give()
+	if rd.closed {
 		return ErrClosed
 	}
 	return p.set.add(ic.fd, pollKey(ic))
@@ -46,27 +46,28 @@ func (p *poller) add(ic *inConn) error {
 // pollKey names ic in the poll set: its sender and lane.
 func pollKey(ic *inConn) int { return ic.src*maxStreams + ic.lane }
 
-// arm asks for ic's next readiness event; one pending now comes at once.
-// ic.mu is held, so that a closed descriptor, whose number may have been
-// reused, is never touched.
-func (p *poller) arm(ic *inConn) {
-	if !ic.closed {
-		p.set.arm(ic.fd, pollKey(ic))
+// arm asks for the next readiness event of rd's connection; one pending
+// now comes at once. Only the token's holder arms, so that a closed
+// descriptor, whose number may have been reused, is never touched.
+func (p *poller) arm(rd *reader) {
+	if !rd.closed {
+		p.set.arm(rd.ic.fd, pollKey(rd.ic))
 	}
 }
 
 // wake arms ic if the poller left it idle; if it holds back a frame it
 // has read the header of, it reads on at once instead, since the socket
-// may have nothing more to tell the poller. ic.mu must not be held.
+// may have nothing more to tell the poller. It waits for the read token,
+// which the caller must not hold.
 func (p *poller) wake(ic *inConn) {
 	if ic.idle.CompareAndSwap(true, false) {
-		ic.mu.Lock()
-		if ic.heldBack() {
-			p.read(ic)
+		rd := ic.take()
+		if rd.heldBack() {
+			p.read(rd)
 			return
 		}
-		p.arm(ic)
-		ic.mu.Unlock()
+		p.arm(rd)
+		rd.give()
 	}
 }
 
@@ -114,46 +115,45 @@ func (p *poller) run() {
 
 // service reads ic after a readiness event, and re-arms it, unless ops
 // spin on it (they read it; it stays idle) or it failed (it is closed).
+// When the read token is taken, its holder is an op that spins on ic, or
+// it is held for a moment (wake, cut, add): rest leaves ic to the first,
+// and waits for the second.
 func (p *poller) service(ic *inConn) {
-	if ic.spinners.Load() > 0 || !ic.mu.TryLock() && !p.missed(ic) {
-		p.rest(ic)
-		return
+	if ic.spinners.Load() == 0 {
+		if rd := ic.tryTake(); rd != nil {
+			p.read(rd)
+			return
+		}
 	}
-	p.read(ic)
+	p.rest(ic)
 }
 
-// read pumps ic and releases ic.mu, which the caller holds: it re-arms
-// ic, or leaves it idle while it holds a frame back, or retires it.
-func (p *poller) read(ic *inConn) {
-	if ic.closed {
-		ic.mu.Unlock()
+// read pumps rd's connection and gives the token back: it re-arms the
+// connection, or leaves it idle while it holds a frame back, or retires
+// it.
+func (p *poller) read(rd *reader) {
+	if rd.closed {
+		rd.give()
 		return
 	}
-	switch err := ic.pump(); err {
+	switch err := rd.pump(); err {
 	case errWouldBlock:
-		p.arm(ic)
-		ic.mu.Unlock()
+		p.arm(rd)
+		rd.give()
 	case errHeldBack:
 		// Armed, a readable socket would wake us at once, again and
 		// again. A receive posted for this peer reads it (its op spins
 		// on it, or parks, which wakes every idle connection), and so
 		// does the sweep.
-		ic.idle.Store(true)
-		ic.mu.Unlock()
+		rd.ic.idle.Store(true)
+		rd.give()
 	default:
-		ic.retire(err)
+		rd.retire(err)
 	}
 }
 
-// missed records that mu was held, so that its holder reads again, and
-// tries once more to take it.
-func (p *poller) missed(ic *inConn) bool {
-	ic.missed.Store(true)
-	return ic.mu.TryLock()
-}
-
 // rest leaves ic unarmed, unless the ops spinning on it left meanwhile.
-// ic.mu is not held.
+// The caller does not hold the read token.
 func (p *poller) rest(ic *inConn) {
 	ic.idle.Store(true)
 	if ic.spinners.Load() == 0 {
@@ -161,17 +161,17 @@ func (p *poller) rest(ic *inConn) {
 	}
 }
 
-// drop stops watching ic and closes its socket, reporting whether it
-// was open; a receive being filled fails. ic.mu is held.
-func (p *poller) drop(ic *inConn) bool {
-	if ic.closed {
+// drop stops watching rd's connection and closes its socket, reporting
+// whether it was open; a receive being filled fails.
+func (p *poller) drop(rd *reader) bool {
+	if rd.closed {
 		return false
 	}
-	p.set.remove(ic.fd)
-	unix.Close(ic.fd)
-	ic.closed = true
-	if ic.err == nil {
-		ic.fail(net.ErrClosed)
+	p.set.remove(rd.ic.fd)
+	unix.Close(rd.ic.fd)
+	rd.closed = true
+	if rd.err == nil {
+		rd.fail(net.ErrClosed)
 	}
 	return true
 }
@@ -185,9 +185,9 @@ func (p *poller) shut() {
 	for i := range p.t.peers {
 		for lane := range p.t.peers[i].in {
 			if ic := p.t.peers[i].in[lane].Load(); ic != nil {
-				ic.mu.Lock()
-				p.drop(ic)
-				ic.mu.Unlock()
+				rd := ic.take()
+				p.drop(rd)
+				rd.give()
 			}
 		}
 	}

@@ -397,9 +397,9 @@ func TestSendSucceedsWhenPeerClosesAfterReceiving(t *testing.T) {
 				tr := c.(*comm).t
 				key := boxKey{comm: worldID, src: 0, p2p: true}
 				queued := func() bool {
-					tr.mu.Lock()
-					defer tr.mu.Unlock()
-					b := tr.boxes[key]
+					tr.match.mu.Lock()
+					defer tr.match.mu.Unlock()
+					b := tr.match.boxes[key]
 					return b != nil && len(b.frames) > 0
 				}
 				if !waitFor(10*time.Second, queued) {
@@ -633,9 +633,9 @@ func TestCloseWhileFillingFailsReceive(t *testing.T) {
 	}
 	ic := tr.incoming(0, 0)
 	filling := func() bool {
-		ic.mu.Lock()
-		defer ic.mu.Unlock()
-		return ic.req != nil && ic.got > 0
+		rd := ic.take()
+		defer rd.give()
+		return rd.req != nil && rd.got > 0
 	}
 	if !waitFor(5*time.Second, filling) {
 		t.Fatal("never filling")
@@ -669,11 +669,11 @@ func TestSmallSendHonoursContextWhenPeerStopsReading(t *testing.T) {
 		t.Fatal(err)
 	}
 	ic := comms[1].(*comm).t.incoming(0, 0)
-	ic.mu.Lock() // nobody on rank 1 can read now
-	unlocked := false
+	rd := ic.take() // nobody on rank 1 can read now
+	given := false
 	defer func() {
-		if !unlocked {
-			ic.mu.Unlock()
+		if !given {
+			rd.give()
 		}
 	}()
 	done := make(chan error, 1)
@@ -695,8 +695,8 @@ func TestSmallSendHonoursContextWhenPeerStopsReading(t *testing.T) {
 	case err := <-done:
 		t.Logf("after %d sends: %v", sends, err)
 	case <-time.After(5 * time.Second):
-		ic.mu.Unlock()
-		unlocked = true
+		rd.give()
+		given = true
 		err := <-done
 		t.Fatalf("a 60 KiB Send with a 300ms deadline was still blocked 5s later (returned %v once the peer read again)", err)
 	}
@@ -736,9 +736,9 @@ func TestReadAheadIsBounded(t *testing.T) {
 				return time.Since(steadySince) > 300*time.Millisecond
 			})
 			tr := comms[1].(*comm).t
-			tr.mu.Lock()
-			held := tr.peers[0].held
-			tr.mu.Unlock()
+			tr.match.mu.Lock()
+			held := tr.match.peers[0].held
+			tr.match.mu.Unlock()
 			if held > heldLimit+size {
 				t.Errorf("the receiver holds %d bytes read ahead, past the bound of %d and a frame", held, heldLimit)
 			}
@@ -765,7 +765,7 @@ func TestReadAheadIsBounded(t *testing.T) {
 
 // TestEarlyFramesLendTheirBuffers: a rank that reaches an all_reduce late
 // finds its peer's first frames read ahead, and reduces from their
-// buffers instead of a copy (fillLocked). Three calls in a row, each late,
+// buffers instead of a copy (matching.fill). Three calls in a row, each late,
 // must all come out right: a lent buffer goes back to the pool only once
 // its op is done with it.
 func TestEarlyFramesLendTheirBuffers(t *testing.T) {
@@ -784,9 +784,9 @@ func TestEarlyFramesLendTheirBuffers(t *testing.T) {
 				early := make(chan error, 1)
 				go func() { early <- comms[0].AllReduce(ctx, inputs[0], Float32, Sum) }()
 				held := func() bool {
-					tr.mu.Lock()
-					defer tr.mu.Unlock()
-					return tr.peers[0].held > 0
+					tr.match.mu.Lock()
+					defer tr.match.mu.Unlock()
+					return tr.match.peers[0].held > 0
 				}
 				if !waitFor(10*time.Second, held) {
 					t.Fatalf("call %d: rank 0's frames were never read ahead", call)

@@ -30,6 +30,16 @@ import (
 // posted buffers. Every communicator split from the world shares these
 // connections.
 //
+// Who owns what: the transport's mutex guards the connections (which
+// are open, why the outgoing ones ended); the matcher (matching.go)
+// owns, under a mutex of its own, where frames go: mailboxes, posted
+// receives, how far each peer may be read ahead, which lanes ended, and
+// the communicators that abort notes and queries go to. Each incoming
+// connection's socket and parser belong to whoever holds its read token
+// (inConn.turn: a spinning op or the poller), each outgoing one's queue
+// to whoever holds its right to write (outConn.writing: the sender, a
+// spinning op or the writer goroutine).
+//
 // Between hosts, and between all ranks when TCP is forced, a pair has
 // several streams each way (lanes; GORUN_TCP_STREAMS, as many as the
 // fewer of the two ends asked for). A data frame's lane follows from its
@@ -139,15 +149,14 @@ type transport struct {
 	// a spinning op yields to goroutines rather than to threads (yield).
 	goroutinePeers atomic.Bool
 
+	// mu guards the connections: which are open, and why the outgoing
+	// ones ended. Where frames go is the matcher's (matching.go), under
+	// its own mutex, taken after this one when both are.
 	mu       sync.Mutex
 	closed   bool
 	peers    []peer
-	boxes    map[boxKey]*mailbox
-	comms    map[uint64]*comm
-	orphans  map[uint64]*abortNote // aborts for communicators not split yet
-	retired  map[uint64]bool       // closed communicators
-	queries  map[uint64]chan statusReply
 	handshak map[net.Conn]bool // accepted, hello not read yet
+	match    *matcher
 
 	done    chan struct{}   // closed by close
 	life    context.Context // cancelled by close
@@ -155,26 +164,21 @@ type transport struct {
 	wg      sync.WaitGroup
 	bufs    bufferPool
 	reqs    reqPool
-	// anyWanted counts the AnySource receives waiting (guarded by mu):
-	// any peer's frame may be what one of them waits for.
-	anyWanted int
 }
 
-// peer is the transport's view of one other rank. Fields other than dial
-// are guarded by the transport's mutex (in is also read without it).
+// peer is the transport's view of one other rank's connections. Fields
+// other than dial and in are guarded by the transport's mutex; why an
+// incoming connection ended is the matcher's (peerMatch.ended).
 type peer struct {
-	dial   sync.Mutex                         // serialises dialling it
-	lanes  int                                // streams each way (transport.lane); set before the first op, never changed
-	out    []*outConn                         // one per lane once dialled
-	in     [maxStreams]atomic.Pointer[inConn] // by lane; set under the mutex, read without it by spinning ops and the poller
-	inErr  [maxStreams]error                  // by lane: why the incoming connection ended; nothing more will come on it
-	outErr error                              // why an outgoing one did: nothing more can be sent
-
-	// Guarded by the transport's mutex: the bytes of this peer's frames
-	// read before anyone asked for them (held, in mailboxes or being
-	// read), and the receives posted for its frames, still waiting
-	// (wanted). inConn.begin stops reading ahead on them (heldLimit).
-	held, wanted int
+	dial   sync.Mutex // serialises dialling it
+	lanes  int        // streams each way (transport.lane); set before the first op, never changed
+	out    []*outConn // one per lane once dialled
+	outErr error      // why an outgoing one ended: nothing more can be sent
+	// in is the open incoming connection of each lane: published by
+	// serve and withdrawn by lostIncoming under the transport's mutex,
+	// looked up without it by spinning ops and the poller, which then
+	// hold it only through its read token (inConn.turn).
+	in [maxStreams]atomic.Pointer[inConn]
 }
 
 // newTransport listens and publishes this rank's addresses and the
@@ -193,14 +197,10 @@ func newTransport(ctx context.Context, store rendezvous.Store, rank, size int, h
 		cfg:      cfg,
 		ln:       ln.(*net.TCPListener),
 		peers:    make([]peer, size),
-		boxes:    make(map[boxKey]*mailbox),
-		comms:    make(map[uint64]*comm),
-		orphans:  make(map[uint64]*abortNote),
-		retired:  make(map[uint64]bool),
-		queries:  make(map[uint64]chan statusReply),
 		handshak: make(map[net.Conn]bool),
 		done:     make(chan struct{}),
 	}
+	t.match = newMatcher(size, &t.bufs)
 	for i := range t.peers {
 		t.peers[i].lanes = 1
 	}
@@ -280,7 +280,7 @@ func (t *transport) serve(c net.Conn) {
 		switch p := &t.peers[src]; {
 		case t.closed:
 			err = ErrClosed
-		case p.in[lane].Load() != nil || p.inErr[lane] != nil:
+		case p.in[lane].Load() != nil || t.laneEnded(src, lane) != nil:
 			err = fmt.Errorf("collective: second connection from rank %d on lane %d", src, lane)
 		default:
 			p.in[lane].Store(ic)
@@ -292,8 +292,7 @@ func (t *transport) serve(c net.Conn) {
 	}
 	if err == nil {
 		if err = t.poller.add(ic); err != nil {
-			ic.mu.Lock()
-			ic.retire(err)
+			ic.take().retire(err)
 			return
 		}
 	}
@@ -327,36 +326,26 @@ func (t *transport) handshake(c net.Conn) (src, lane int, err error) {
 }
 
 // lostIncoming records that src's connection to us on lane ended:
-// receives from src on that lane fail now, and so will later ones. An
-// end between frames (EOF) ends just the lane, as a peer that closes
-// ends its lanes one by one, each after its last frame, while the others
-// may still hold frames it sent before; anything else breaks the peer's
-// frames, and ends every lane.
+// receives from src on that lane fail now, and so will later ones, and
+// on its other lanes too unless it ended between frames (laneEnd).
 func (t *transport) lostIncoming(src, lane int, err error) {
 	t.mu.Lock()
 	closing := t.closed
-	p := &t.peers[src]
-	p.in[lane].Store(nil)
-	lanes := p.inErr[lane : lane+1]
-	switch {
-	case errors.Is(err, io.EOF):
-		err = errors.New("connection closed (the process exited or closed its communicator)")
-	case errors.Is(err, io.ErrUnexpectedEOF):
-		err = errors.New("connection closed in the middle of a frame (the process died)")
-		lanes = p.inErr[:]
-	default:
-		lanes = p.inErr[:]
-	}
-	for i := range lanes {
-		if lanes[i] == nil {
-			lanes[i] = err
-		}
-	}
-	t.failPostedLocked(src)
+	t.peers[src].in[lane].Store(nil)
+	t.match.mu.Lock()
+	err = t.match.endLane(src, lane, err)
+	t.match.mu.Unlock()
 	t.mu.Unlock()
 	if !closing {
 		t.log.Debug().Int("peer", src).Err(err).Msg("incoming connection ended")
 	}
+}
+
+// laneEnded reports why src's connection to us on lane ended, or nil.
+func (t *transport) laneEnded(src, lane int) error {
+	t.match.mu.Lock()
+	defer t.match.mu.Unlock()
+	return t.match.laneEnded(src, lane)
 }
 
 // dropIncoming cuts src's connection to us on lane, used when a frame is
@@ -584,15 +573,15 @@ func (t *transport) yield() {
 
 // peerGone reports why dst can no longer take part, or nil.
 func (t *transport) peerGone(dst int) error {
+	t.match.mu.Lock()
+	err := t.match.peerEnded(dst)
+	t.match.mu.Unlock()
+	if err != nil {
+		return err
+	}
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	p := &t.peers[dst]
-	for _, err := range p.inErr {
-		if err != nil {
-			return err
-		}
-	}
-	return p.outErr
+	return t.peers[dst].outErr
 }
 
 // close shuts the listener and every connection and waits for the
@@ -615,10 +604,13 @@ func (t *transport) close() {
 	for c := range t.handshak {
 		conns = append(conns, c)
 	}
-	comms := make([]*comm, 0, len(t.comms))
-	for _, c := range t.comms {
+	t.match.mu.Lock()
+	t.match.closed = true
+	comms := make([]*comm, 0, len(t.match.comms))
+	for _, c := range t.match.comms {
 		comms = append(comms, c)
 	}
+	t.match.mu.Unlock()
 	t.mu.Unlock()
 
 	t.poller.interrupt()
