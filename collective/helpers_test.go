@@ -161,22 +161,33 @@ func countSpans(counts []int, size int) []span {
 }
 
 // closeDuringAllReduce has every rank run all_reduces of size bytes until
-// victim's transport closes at its third (no goodbye: its sockets just
-// close, as when its process dies), and checks that every other rank
-// failed within 5 s with a PeerError naming victim.
+// victim's transport closes, as closeDuring says.
 func closeDuringAllReduce(t *testing.T, ctx context.Context, comms []Comm, victim, size int) {
+	t.Helper()
+	closeDuring(t, comms, victim, func(c Comm) func() error {
+		buf := make([]byte, size)
+		return func() error { return c.AllReduce(ctx, buf, Float32, Sum) }
+	})
+}
+
+// closeDuring has every rank make its call (newCall gives each rank's,
+// with buffers of its own) again and again until victim's transport
+// closes at its third (no goodbye: its sockets just close, as when its
+// process dies), and checks that every other rank failed within 5 s with
+// a PeerError naming victim.
+func closeDuring(t *testing.T, comms []Comm, victim int, newCall func(c Comm) func() error) {
 	t.Helper()
 	var killed time.Time
 	var once sync.Once
 	errs := onAll(comms, func(r int, c Comm) error {
-		buf := make([]byte, size)
+		call := newCall(c)
 		for i := 0; ; i++ {
 			if r == victim && i == 2 {
 				once.Do(func() { killed = time.Now() })
 				c.(*comm).t.close()
 				return nil
 			}
-			if err := c.AllReduce(ctx, buf, Float32, Sum); err != nil {
+			if err := call(); err != nil {
 				return err
 			}
 			if i > 1000 {

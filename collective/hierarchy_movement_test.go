@@ -3,7 +3,6 @@ package collective
 import (
 	"bytes"
 	"context"
-	"errors"
 	"fmt"
 	"slices"
 	"strings"
@@ -354,23 +353,7 @@ func TestHierarchicalMovementMismatch(t *testing.T) {
 				}
 				return o
 			})
-			ctx := testContext(t, 20*time.Second)
-			start := time.Now()
-			errs := onAll(comms, func(r int, c Comm) error {
-				if err := tc.call(ctx, r, c); err != nil {
-					return err
-				}
-				return c.Barrier(ctx)
-			})
-			if d := time.Since(start); d > 5*time.Second {
-				t.Errorf("took %v: a mismatch must fail at once", d)
-			}
-			for r, err := range errs {
-				t.Logf("rank %d: %v", r, err)
-				if !errors.Is(err, ErrMismatch) {
-					t.Errorf("rank %d: %v, want a mismatch", r, err)
-				}
-			}
+			expectMismatch(t, comms, tc.call)
 		})
 	}
 }
@@ -398,36 +381,10 @@ func TestHierarchicalMovementPeerDeath(t *testing.T) {
 			t.Run(fmt.Sprintf("%s/rank %d", name, victim), func(t *testing.T) {
 				comms := hostsWorld(t, []int{0, 0, 1, 1}, TCPOptions{Algorithm: "hier"})
 				ctx := testContext(t, 60*time.Second)
-				var killed time.Time
-				errs := onAll(comms, func(r int, c Comm) error {
+				closeDuring(t, comms, victim, func(c Comm) func() error {
 					in, out := make([]byte, size), make([]byte, 4*size)
-					for i := 0; ; i++ {
-						if r == victim && i == 2 {
-							killed = time.Now()
-							c.(*comm).t.close()
-							return nil
-						}
-						if err := call(ctx, c, in, out); err != nil {
-							return err
-						}
-						if i > 1000 {
-							return errors.New("never failed")
-						}
-					}
+					return func() error { return call(ctx, c, in, out) }
 				})
-				if took := time.Since(killed); took > 5*time.Second {
-					t.Errorf("the others failed %v after the death", took)
-				}
-				for r, err := range errs {
-					if r == victim {
-						continue
-					}
-					t.Logf("rank %d: %v", r, err)
-					var pe *PeerError
-					if !errors.As(err, &pe) || pe.Rank != victim {
-						t.Errorf("rank %d: %v, want a PeerError naming rank %d", r, err, victim)
-					}
-				}
 			})
 		}
 	}

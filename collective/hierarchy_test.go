@@ -262,24 +262,31 @@ func TestHierarchicalMismatch(t *testing.T) {
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			comms := hostsWorld(t, []int{0, 0, 1, 1}, TCPOptions{Algorithm: "hier"})
-			ctx := testContext(t, 20*time.Second)
-			start := time.Now()
-			errs := onAll(comms, func(r int, c Comm) error {
-				if err := tc.call(ctx, r, c); err != nil {
-					return err
-				}
-				return c.Barrier(ctx)
-			})
-			if d := time.Since(start); d > 5*time.Second {
-				t.Errorf("took %v: a mismatch must fail at once", d)
-			}
-			for r, err := range errs {
-				t.Logf("rank %d: %v", r, err)
-				if !errors.Is(err, ErrMismatch) {
-					t.Errorf("rank %d: %v, want a mismatch", r, err)
-				}
-			}
+			expectMismatch(t, comms, tc.call)
 		})
+	}
+}
+
+// expectMismatch has every rank make its call, then a barrier, and
+// checks that every rank failed with a mismatch, at once.
+func expectMismatch(t *testing.T, comms []Comm, call func(ctx context.Context, r int, c Comm) error) {
+	t.Helper()
+	ctx := testContext(t, 20*time.Second)
+	start := time.Now()
+	errs := onAll(comms, func(r int, c Comm) error {
+		if err := call(ctx, r, c); err != nil {
+			return err
+		}
+		return c.Barrier(ctx)
+	})
+	if d := time.Since(start); d > 5*time.Second {
+		t.Errorf("took %v: a mismatch must fail at once", d)
+	}
+	for r, err := range errs {
+		t.Logf("rank %d: %v", r, err)
+		if !errors.Is(err, ErrMismatch) {
+			t.Errorf("rank %d: %v, want a mismatch", r, err)
+		}
 	}
 }
 
