@@ -98,24 +98,28 @@ def draw(plt, per_op, panels, panel_title, path, bounds=None):
             if lab not in labels:
                 handles.append(h)
                 labels.append(lab)
-    fig.legend(handles, labels, loc="upper center", ncol=min(len(labels), 6), fontsize=8, frameon=False)
-    fig.tight_layout(rect=(0, 0, 1, 0.86 if len(labels) > 6 else 0.9))
-    fig.savefig(path, dpi=110)
+    fig.legend(handles, labels, loc="upper center", ncol=min(len(labels), 4 if len(panels) == 1 else 6), fontsize=8, frameon=False)
+    fig.tight_layout(rect=(0, 0, 1, 0.80 if len(labels) > 4 else 0.88))
+    fig.savefig(path, dpi=110, bbox_inches="tight")
     plt.close(fig)
 
 
 def plot_collectives(raw, out_dir, stem, fmt="png"):
     """compare.py's raw["collectives"] (one host): a figure per collective,
-    a panel per world size. Returns the paths written."""
+    a panel per world size, the ranks unbound (gorun's default and
+    torchrun's) where the run measured them so. Returns the paths written."""
     plt = pyplot()
-    rows = [(r["system"], r["op"], r["world"], r["world"], r["size"], r["time_us"]) for r in raw]
+    binds = {r.get("bind", "bound") for r in raw}
+    bind = "unbound" if "unbound" in binds else "bound"
+    rows = [(r["system"], r["op"], r["world"], r["world"], r["size"], r["time_us"])
+            for r in raw if r.get("bind", "bound") == bind]
     per = curves(rows)
     paths = []
     for op in dict.fromkeys(r[1] for r in rows):
         panels = sorted({p for o, p in per if o == op})
         path = os.path.join(out_dir, f"{stem}-collectives-{op}.{fmt}")
         draw(plt, {p: per[(op, p)] for p in panels}, panels,
-             lambda w, op=op: f"{OP_TITLES[op]}, one host, {w} ranks", path)
+             lambda w, op=op: f"{OP_TITLES[op]}, one host, {w} ranks {bind}", path)
         paths.append(path)
     return paths
 
