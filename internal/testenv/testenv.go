@@ -75,8 +75,9 @@ func MustHave(t testing.TB, err error, what, install string) {
 	act(t, Decide(err != nil, CI(), true), Message(what, install, err))
 }
 
-// MayHave is MustHave for a component CI machines lack too (a GPU, its
-// driver): its absence skips the test, under CI=true as well.
+// MayHave is MustHave for a GPU and its driver, which CI machines lack
+// too: their absence skips the test, under CI=true as well. Nothing else
+// may use it.
 func MayHave(t testing.TB, err error, what, install string) {
 	t.Helper()
 	act(t, Decide(err != nil, CI(), false), Message(what, install, err)+" (optional, under CI=true too)")
@@ -89,7 +90,10 @@ func act(t testing.TB, v Verdict, msg string) {
 	case Fail:
 		t.Fatalf("%s (CI=true: every component must be present)", msg)
 	case Skip:
-		t.Skip(msg) // the rule's one skip: a component missing outside CI
+		// Decide says Skip only outside CI, or for a GPU (MayHave), which
+		// CI machines lack too; under CI=true a missing component failed
+		// above.
+		t.Skip(msg)
 	}
 }
 
