@@ -3,6 +3,7 @@ package collective
 import (
 	"fmt"
 	"math/bits"
+	"slices"
 	"strings"
 )
 
@@ -121,18 +122,27 @@ const (
 	defaultSegment = 256 << 10
 )
 
-func (c *comm) allReduceAlgorithm(n int) algorithm {
-	switch c.cfg.algo {
-	case algoRing, algoRHD, algoRD:
-		return c.cfg.algo
-	case algoShm, algoShmFlat:
-		if c.shared() {
-			return c.cfg.algo
-		}
+// forcedAlgorithm is the algorithm GORUN_ALGO forces on an operation
+// whose forms are own (over sockets, or in shared memory when the world
+// has it), and hier where byHost (the world has the views that the
+// operation's hierarchical form needs); false when it forces none of
+// them, and the operation chooses for itself.
+func (c *comm) forcedAlgorithm(byHost bool, own ...algorithm) (algorithm, bool) {
+	switch a := c.cfg.algo; a {
+	case algoAuto:
+		return a, false
 	case algoHier:
-		if c.hier != nil {
-			return algoHier
-		}
+		return a, byHost
+	case algoShm, algoShmFlat:
+		return a, c.shared() && slices.Contains(own, a)
+	default:
+		return a, slices.Contains(own, a)
+	}
+}
+
+func (c *comm) allReduceAlgorithm(n int) algorithm {
+	if a, ok := c.forcedAlgorithm(c.hier != nil, algoRing, algoRHD, algoRD, algoShm, algoShmFlat); ok {
+		return a
 	}
 	return chooseAllReduce(c.topology(), n)
 }
@@ -187,13 +197,8 @@ func (c *comm) singleCopyAllReduce(n int) bool {
 }
 
 func (c *comm) broadcastAlgorithm(n int) algorithm {
-	switch c.cfg.algo {
-	case algoTree, algoChain:
-		return c.cfg.algo
-	case algoHier:
-		if c.hier != nil {
-			return algoHier
-		}
+	if a, ok := c.forcedAlgorithm(c.hier != nil, algoTree, algoChain); ok {
+		return a
 	}
 	return chooseBroadcast(c.topology(), n)
 }
@@ -214,13 +219,8 @@ func chooseBroadcast(t topology, n int) algorithm {
 // barrierAlgorithm is the barrier's: by hosts, in shared memory, or by
 // dissemination over sockets.
 func (c *comm) barrierAlgorithm() algorithm {
-	switch c.cfg.algo {
-	case algoDissemination:
-		return algoDissemination
-	case algoHier:
-		if c.hier != nil {
-			return algoHier
-		}
+	if a, ok := c.forcedAlgorithm(c.hier != nil, algoDissemination); ok {
+		return a
 	}
 	return chooseBarrier(c.topology())
 }
@@ -251,25 +251,15 @@ func (c *comm) reduceAlgorithm(n int) algorithm {
 }
 
 func (c *comm) allGatherAlgorithm(n int) algorithm {
-	switch c.cfg.algo {
-	case algoRing, algoBruck:
-		return c.cfg.algo
-	case algoHier:
-		if c.grid != nil {
-			return algoHier
-		}
+	if a, ok := c.forcedAlgorithm(c.grid != nil, algoRing, algoBruck); ok {
+		return a
 	}
 	return chooseAllGather(c.topology(), n)
 }
 
 func (c *comm) reduceScatterAlgorithm(n int) algorithm {
-	switch c.cfg.algo {
-	case algoRing, algoRD:
-		return c.cfg.algo
-	case algoHier:
-		if c.grid != nil {
-			return algoHier
-		}
+	if a, ok := c.forcedAlgorithm(c.grid != nil, algoRing, algoRD); ok {
+		return a
 	}
 	return chooseReduceScatter(c.topology(), n)
 }
@@ -277,13 +267,8 @@ func (c *comm) reduceScatterAlgorithm(n int) algorithm {
 // allToAllAlgorithm is all_to_all's. Ranks with uneven counts hold
 // buffers of different sizes, so it goes by the topology alone.
 func (c *comm) allToAllAlgorithm() algorithm {
-	switch c.cfg.algo {
-	case algoDirect:
-		return algoDirect
-	case algoHier:
-		if c.grid != nil {
-			return algoHier
-		}
+	if a, ok := c.forcedAlgorithm(c.grid != nil, algoDirect); ok {
+		return a
 	}
 	return chooseAllToAll(c.topology())
 }
