@@ -37,6 +37,10 @@ type Waiting struct {
 	// timeout".
 	Left  time.Duration
 	Until string
+	// CountedAgo is how old Joined is when the report was not read
+	// afresh (a large round's nodes other than the first report what
+	// they read last); zero when it was.
+	CountedAgo time.Duration
 }
 
 // MissingText says who is missing: the expected nodes by name when known,
@@ -69,6 +73,9 @@ func (w Waiting) Log(log zerolog.Logger) {
 	e := log.Info().Int("joined", w.Joined).Int("min", w.Min).Int("max", w.Max)
 	if len(w.Names) > 0 {
 		e = e.Str("nodes", strings.Join(w.Names, ", "))
+	}
+	if w.CountedAgo >= time.Second {
+		e = e.Stringer("counted_ago", w.CountedAgo.Round(time.Second))
 	}
 	e.Str("missing", w.MissingText()).Stringer("left", w.Left.Round(time.Second)).
 		Str("until", w.Until).Msg("waiting for nodes")

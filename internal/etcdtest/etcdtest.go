@@ -4,9 +4,11 @@
 package etcdtest
 
 import (
+	"bufio"
 	"context"
 	"fmt"
 	"net"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -38,6 +40,9 @@ type Options struct {
 	// TLS, when set, makes the members speak HTTPS to clients and ask them
 	// for a certificate that TLS.CA signed.
 	TLS *Certs
+	// Heartbeat and Election, when set, are the members' raft heartbeat
+	// interval and election timeout (etcd's defaults: 100 ms and 1 s).
+	Heartbeat, Election time.Duration
 }
 
 // Cluster is a running etcd cluster.
@@ -118,6 +123,12 @@ func (c *Cluster) start(m *Member, state string) {
 		"--initial-cluster", m.initial, "--initial-cluster-state", state,
 		"--initial-cluster-token", "gorun-test",
 		"--logger", "zap", "--log-outputs", filepath.Join(filepath.Dir(m.Dir), m.Name+".log"),
+	}
+	if c.opts.Heartbeat > 0 {
+		args = append(args, "--heartbeat-interval", strconv.FormatInt(c.opts.Heartbeat.Milliseconds(), 10))
+	}
+	if c.opts.Election > 0 {
+		args = append(args, "--election-timeout", strconv.FormatInt(c.opts.Election.Milliseconds(), 10))
 	}
 	if tl := c.opts.TLS; tl != nil {
 		args = append(args, "--cert-file", tl.ServerCert, "--key-file", tl.ServerKey,
@@ -290,4 +301,48 @@ func (c *Cluster) CPU() time.Duration {
 		total += m.CPU()
 	}
 	return total
+}
+
+// Requests counts the unary requests the members have taken since they
+// started, by method (Range, Txn, LeaseGrant, ...), from their Prometheus
+// metrics (grpc_server_started_total). Counts, unlike times, do not move
+// with the machine's load: they show what a change costs etcd.
+func (c *Cluster) Requests() (map[string]int, error) {
+	if c.opts.TLS != nil {
+		return nil, fmt.Errorf("etcdtest: requests of a TLS cluster are not counted")
+	}
+	counts := map[string]int{}
+	for _, m := range c.Members {
+		if err := m.addRequests(counts); err != nil {
+			return nil, err
+		}
+	}
+	return counts, nil
+}
+
+func (m *Member) addRequests(counts map[string]int) error {
+	resp, err := http.Get(m.ClientURL + "/metrics")
+	if err != nil {
+		return fmt.Errorf("etcdtest: metrics of %s: %w", m, err)
+	}
+	defer resp.Body.Close()
+	// Lines such as
+	// grpc_server_started_total{grpc_method="Range",grpc_service="etcdserverpb.KV",grpc_type="unary"} 5072
+	sc := bufio.NewScanner(resp.Body)
+	sc.Buffer(make([]byte, 64<<10), 1<<20)
+	for sc.Scan() {
+		line := sc.Text()
+		if !strings.HasPrefix(line, "grpc_server_started_total{") || !strings.Contains(line, `grpc_type="unary"`) {
+			continue
+		}
+		_, rest, _ := strings.Cut(line, `grpc_method="`)
+		method, _, _ := strings.Cut(rest, `"`)
+		value := line[strings.LastIndexByte(line, ' ')+1:]
+		n, err := strconv.ParseFloat(value, 64)
+		if err != nil {
+			return fmt.Errorf("etcdtest: metrics of %s: %q: %w", m, line, err)
+		}
+		counts[method] += int(n)
+	}
+	return sc.Err()
 }

@@ -182,12 +182,13 @@ func Dial(endpoints []string, tlsConfig *tls.Config) (*clientv3.Client, error) {
 
 // Handler is the elastic rendezvous on etcd (see the package doc).
 type Handler struct {
-	opts Options
-	log  zerolog.Logger
-	cli  *clientv3.Client
-	kv   retryKV // cli's, with requests made again while they fail
-	pfx  string  // "<prefix>/<run id>/"
-	self member
+	opts  Options
+	log   zerolog.Logger
+	cli   *clientv3.Client
+	kv    retryKV // cli's, with requests made again while they fail
+	retry *retrier
+	pfx   string // "<prefix>/<run id>/"
+	self  member
 
 	life context.Context // done once Close begins
 	quit context.CancelFunc
@@ -215,13 +216,15 @@ var _ rendezvous.Elastic = (*Handler)(nil)
 // (Close closes it). Nothing is sent before Next.
 func New(cli *clientv3.Client, opts Options) *Handler {
 	opts = opts.withDefaults()
+	retry := newRetrier(cli)
 	h := &Handler{
-		opts: opts,
-		log:  opts.Logger.With().Str("run", opts.RunID).Str("node", opts.NodeID).Logger(),
-		cli:  cli,
-		kv:   retryKV{cli},
-		pfx:  strings.TrimSuffix(opts.Prefix, "/") + "/" + opts.RunID + "/",
-		self: member{ID: opts.NodeID, Host: opts.Host, Addr: opts.Addr, NProc: opts.NProc, Rank: opts.NodeRank},
+		opts:  opts,
+		log:   opts.Logger.With().Str("run", opts.RunID).Str("node", opts.NodeID).Logger(),
+		cli:   cli,
+		kv:    newRetryKV(cli, retry),
+		retry: retry,
+		pfx:   strings.TrimSuffix(opts.Prefix, "/") + "/" + opts.RunID + "/",
+		self:  member{ID: opts.NodeID, Host: opts.Host, Addr: opts.Addr, NProc: opts.NProc, Rank: opts.NodeRank},
 	}
 	h.life, h.quit = context.WithCancel(context.Background())
 	return h
@@ -306,13 +309,14 @@ func (h *Handler) ensureLease(ctx context.Context) (clientv3.LeaseID, error) {
 	rctx, cancel := h.request(ctx)
 	defer cancel()
 	var g *clientv3.LeaseGrantResponse
-	err := retry(rctx, func(ctx context.Context) (err error) {
+	err := h.retry.do(rctx, func(ctx context.Context) (err error) {
 		g, err = h.cli.Grant(ctx, int64((h.opts.LeaseTTL+time.Second-1)/time.Second))
 		return err
 	})
 	if err != nil {
 		return 0, h.unreachable(ctx, "grant a lease", err)
 	}
+	h.retry.saw(g.ResponseHeader)
 	h.mu.Lock()
 	h.lease = g.ID
 	h.mu.Unlock()
@@ -350,7 +354,7 @@ func (h *Handler) keepLease(id clientv3.LeaseID, first time.Duration) {
 		}
 		ctx, cancel := context.WithTimeout(h.life, h.opts.LeaseTTL)
 		var ttl *clientv3.LeaseTimeToLiveResponse
-		err := retry(ctx, func(ctx context.Context) (err error) {
+		err := h.retry.do(ctx, func(ctx context.Context) (err error) {
 			ttl, err = h.cli.TimeToLive(ctx, id)
 			return err
 		})

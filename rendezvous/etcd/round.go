@@ -161,16 +161,20 @@ func (h *Handler) decided(st jobState, evs []*clientv3.Event) *snapshot {
 
 // roundWatch follows a round from before this node joins it until the
 // node leaves it: the keys under its call/ (the last call, the decision, a
-// shortage, the supersede marker) and the deletions of its node keys. Its
-// watches start at the present, which etcd serves at no cost, and live as
-// long as the round: a watch from a past revision makes etcd read every
-// change since (etcd 3.4 does so 512 watches at a time, holding up writes
-// meanwhile), and with thousands of nodes joining, a joiner's revision is
-// past by the time its watch arrives.
+// shortage, the supersede marker). Its watch starts at the present, which
+// etcd serves at no cost, and lives as long as the round: a watch from a
+// past revision makes etcd read every change since (etcd 3.4 does so 512
+// watches at a time, holding up writes meanwhile), and with thousands of
+// nodes joining, a joiner's revision is past by the time its watch
+// arrives. The deletions of the round's node keys are watched only once
+// the round is decided (watchRound): a prefix watch that every joiner
+// held over the node keys as the round formed made etcd match each join
+// against every watcher, O(n²) in the round (filtering the puts out does
+// not spare the match).
 type roundWatch struct {
-	ctx          context.Context
-	stop         context.CancelFunc
-	calls, nodes clientv3.WatchChan
+	ctx   context.Context
+	stop  context.CancelFunc
+	calls clientv3.WatchChan
 }
 
 // watchNews starts following round r.
@@ -178,8 +182,7 @@ func (h *Handler) watchNews(ctx context.Context, r int) (*roundWatch, error) {
 	wctx, stop := context.WithCancel(h.life)
 	w := &roundWatch{ctx: wctx, stop: stop}
 	w.calls = h.cli.Watch(wctx, h.k(callKey(r)), clientv3.WithPrefix(), clientv3.WithCreatedNotify())
-	w.nodes = h.cli.Watch(wctx, h.k(nodesKey(r)), clientv3.WithPrefix(), clientv3.WithFilterPut(), clientv3.WithCreatedNotify())
-	if err := h.awaitCreated(ctx, r, w.calls, w.nodes); err != nil {
+	if err := h.awaitCreated(ctx, r, w.calls); err != nil {
 		stop()
 		return nil, err
 	}
@@ -206,8 +209,8 @@ func (h *Handler) awaitCreated(ctx context.Context, r int, chans ...clientv3.Wat
 // awaitNews waits until round st.round's call/ keys change after revision
 // rev (w follows them), until, one of more changes (from rev), or ctx
 // ends. It returns the decision when that is the news (decided); nil
-// otherwise: the caller reads.
-func (h *Handler) awaitNews(ctx context.Context, w *roundWatch, st jobState, rev int64, until time.Time, more ...watched) (*snapshot, error) {
+// otherwise: the caller reads, unless quiet says that only until passed.
+func (h *Handler) awaitNews(ctx context.Context, w *roundWatch, st jobState, rev int64, until time.Time, more ...watched) (news *snapshot, quiet bool, err error) {
 	wctx, cancel := context.WithDeadline(ctx, until)
 	defer cancel()
 	var moreNews chan struct{}
@@ -225,7 +228,7 @@ func (h *Handler) awaitNews(ctx context.Context, w *roundWatch, st jobState, rev
 				// Follow the round again, from now: the read that
 				// follows covers what came between.
 				w.calls = h.cli.Watch(w.ctx, h.k(callKey(st.round)), clientv3.WithPrefix(), clientv3.WithCreatedNotify())
-				return nil, h.awaitCreated(ctx, st.round, w.calls)
+				return nil, false, h.awaitCreated(ctx, st.round, w.calls)
 			}
 			var fresh []*clientv3.Event // what the last read did not see
 			for _, ev := range wr.Events {
@@ -234,12 +237,12 @@ func (h *Handler) awaitNews(ctx context.Context, w *roundWatch, st jobState, rev
 				}
 			}
 			if len(fresh) > 0 {
-				return h.decided(st, fresh), nil
+				return h.decided(st, fresh), false, nil
 			}
 		case <-moreNews:
-			return nil, context.Cause(ctx)
+			return nil, false, context.Cause(ctx)
 		case <-wctx.Done():
-			return nil, context.Cause(ctx)
+			return nil, ctx.Err() == nil, context.Cause(ctx)
 		}
 	}
 }
@@ -359,18 +362,21 @@ func (h *Handler) join(ctx context.Context, st jobState, lease clientv3.LeaseID,
 
 	var lastCall time.Time // when this node saw MinNodes arrivals
 	start := o.Now()
+	read := start          // when s was read
 	var reported time.Time // the last progress report
 	var news *snapshot     // the decision, as the wait's events told it
+	stale := false         // s stands: only a report was due, which s serves
 	for first := true; ; first = false {
 		if news != nil {
 			// What the wait did not tell stays as last read.
 			news.arrivals, news.lastCall, news.short = s.arrivals, s.lastCall, s.short
 			s, news = *news, nil
-		} else if !first {
+		} else if !first && !stale {
 			if s, err = h.snapshot(ctx, r); err != nil {
 				h.giveUp(ctx, key)
 				return nil, err
 			}
+			read = o.Now()
 		}
 		now := o.Now()
 		if (s.lastCall || s.there() >= o.MinNodes) && lastCall.IsZero() {
@@ -444,18 +450,21 @@ func (h *Handler) join(ctx context.Context, st jobState, lease clientv3.LeaseID,
 			if !lastCall.IsZero() {
 				left, until = lastCall.Add(o.LastCallTimeout).Sub(now), "last call"
 			}
-			h.waiting(ctx, r, idx, s.there(), left, until).Log(h.log)
+			report := h.waiting(ctx, r, idx, s.there(), left, until)
+			report.CountedAgo = now.Sub(read)
+			report.Log(h.log)
 			reported = now
 		}
 		// Wait for the last call, the deadline, a decision, a move or the
 		// next progress report; for the decider's word, or its claim to
 		// lapse; and, too few there after the last call, for a join.
 		until := rendezvous.NextProgress(start, reported)
-		if !v.pastDeadline {
-			until = minTime(until, *deadline)
+		reportOnly := true // until is due for a report alone
+		if !v.pastDeadline && deadline.Before(until) {
+			until, reportOnly = *deadline, false
 		}
-		if !lastCall.IsZero() && !v.lastCallDue {
-			until = minTime(until, lastCall.Add(o.LastCallTimeout))
+		if due := lastCall.Add(o.LastCallTimeout); !lastCall.IsZero() && !v.lastCallDue && due.Before(until) {
+			until, reportOnly = due, false
 		}
 		var more []watched
 		switch {
@@ -464,10 +473,16 @@ func (h *Handler) join(ctx context.Context, st jobState, lease clientv3.LeaseID,
 		case v.lastCallDue:
 			more = append(more, watched{key: arrivalsKey(r)})
 		}
-		if news, err = h.awaitNews(ctx, w, st, s.rev, until, more...); err != nil {
+		var quiet bool
+		if news, quiet, err = h.awaitNews(ctx, w, st, s.rev, until, more...); err != nil {
 			h.giveUp(ctx, key)
 			return nil, err
 		}
+		// Woken for a report alone, a node other than the first of a
+		// large round reports what it read last. Reading for it cost
+		// etcd a request per node per ProgressPeriod, and a round of n
+		// nodes forming on one cluster takes O(n) periods: O(n²) in all.
+		stale = quiet && reportOnly && idx > 0 && s.there() > rendezvous.NamedReportNodes
 	}
 }
 
@@ -785,8 +800,10 @@ func (h *Handler) takePart(st jobState, d decision, me seat, rev int64, w *round
 // watchRound ends ri when round st.round is superseded (its superseded
 // key is put, with the job's state that moves on) and supersedes it when a
 // member's key goes (its lease lapsed, or it left), until the returned
-// stop. It goes on with w, which followed the round from before the
-// decision this node read at rev. A broken watch is made again from the
+// stop. It goes on with w's watch of the call/ keys, which followed the
+// round from before the decision this node read at rev, and watches the
+// node keys' deletions from the decider's read of the members on (d.Rev),
+// so that none goes unseen between the two. A broken watch is made again from the
 // revision it reached; a node cut off from etcd learns from its lease
 // (ensureLease).
 func (h *Handler) watchRound(ri *rendezvous.RoundInfo, st jobState, d decision, rev int64, w *roundWatch) (stop func()) {
@@ -816,7 +833,10 @@ func (h *Handler) watchRound(ri *rendezvous.RoundInfo, st jobState, d decision, 
 	go func() {
 		defer close(done)
 		callsRev, nodesRev := rev+1, d.Rev+1
-		calls, nodes, wcancel := w.calls, w.nodes, w.stop
+		// From the decider's read of the members on: the few changes
+		// since (the seats, the decision) are all etcd catches up.
+		calls, wcancel := w.calls, w.stop
+		nodes := h.cli.Watch(w.ctx, nodePfx, clientv3.WithPrefix(), clientv3.WithRev(nodesRev), clientv3.WithFilterPut())
 		for {
 			for calls != nil && nodes != nil {
 				select {

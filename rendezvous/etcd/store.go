@@ -24,7 +24,7 @@ type Store struct {
 
 // NewStore returns the store of the keys under prefix.
 func NewStore(cli *clientv3.Client, prefix string) *Store {
-	return &Store{cli: cli, kv: retryKV{cli}, prefix: prefix}
+	return &Store{cli: cli, kv: newRetryKV(cli, newRetrier(cli)), prefix: prefix}
 }
 
 var _ rendezvous.Store = (*Store)(nil)
