@@ -4,7 +4,8 @@ connection per node, and of the etcd backend on a 3-member etcd cluster
 on loopback, at 200, 1,000 and 4,096 simulated nodes joining one round at
 once (min = max = nodes), and checks that 4,096 nodes form a round in
 under 2 s on each backend and that the time per node stays flat (at
-4,096 nodes at most 2x what it is at 200).
+4,096 nodes at most 2x what it is at 200), as do the requests each node
+makes where the benchmark counts them (at most 1.25x).
 
     /usr/bin/python3 bench/scale_rdzv.py [--quick]    # this section alone
 
@@ -26,6 +27,7 @@ from common import ROOT, log
 SIZES = (200, 1000, 4096)
 GOAL_S = 2.0  # 4,096 nodes form a round in under this
 LINEAR = 2.0  # time per node at 4,096 at most this multiple of that at 200
+LINEAR_REQUESTS = 1.25  # and requests per node, where the benchmark counts them
 
 # backend -> (package, benchmark, sub-benchmark name pattern with {n},
 # seconds a run may take, whether each size runs on its own)
@@ -137,6 +139,15 @@ def render(result):
                          f"{ratio:.2f}x", met))
         goals.append(f"- {backend}: time per node at 4,096 nodes {ratio:.2f}x that at 200 "
                      f"(goal <= {LINEAR:g}x), {'met' if met else 'MISSED'}.")
+        if "requests/node" in small and "requests/node" in big:
+            # What each node asks of the backend does not move with the
+            # machine's load, where its time does.
+            ratio = big["requests/node"] / small["requests/node"]
+            met = ratio <= LINEAR_REQUESTS
+            verdicts.append((f"rendezvous {backend}: requests per node at 4,096 <= {LINEAR_REQUESTS:g}x at 200",
+                             f"{ratio:.2f}x", met))
+            goals.append(f"- {backend}: requests per node at 4,096 nodes {ratio:.2f}x those at 200 "
+                         f"(goal <= {LINEAR_REQUESTS:g}x), {'met' if met else 'MISSED'}.")
     lines += ["", "Goals:"] + goals
     return lines, verdicts
 

@@ -365,13 +365,15 @@ func (h *Handler) join(ctx context.Context, st jobState, lease clientv3.LeaseID,
 	read := start          // when s was read
 	var reported time.Time // the last progress report
 	var news *snapshot     // the decision, as the wait's events told it
-	stale := false         // s stands: only a report was due, which s serves
+	// Until then s stands: only a report was due, which s serves, and
+	// no deadline that needs a fresh read has come.
+	var staleUntil time.Time
 	for first := true; ; first = false {
 		if news != nil {
 			// What the wait did not tell stays as last read.
 			news.arrivals, news.lastCall, news.short = s.arrivals, s.lastCall, s.short
 			s, news = *news, nil
-		} else if !first && !stale {
+		} else if !first && !o.Now().Before(staleUntil) {
 			if s, err = h.snapshot(ctx, r); err != nil {
 				h.giveUp(ctx, key)
 				return nil, err
@@ -482,7 +484,13 @@ func (h *Handler) join(ctx context.Context, st jobState, lease clientv3.LeaseID,
 		// large round reports what it read last. Reading for it cost
 		// etcd a request per node per ProgressPeriod, and a round of n
 		// nodes forming on one cluster takes O(n) periods: O(n²) in all.
-		stale = quiet && reportOnly && idx > 0 && s.there() > rendezvous.NamedReportNodes
+		staleUntil = time.Time{}
+		if quiet && reportOnly && idx > 0 && s.there() > rendezvous.NamedReportNodes {
+			staleUntil = *deadline
+			if !lastCall.IsZero() && !v.lastCallDue {
+				staleUntil = minTime(staleUntil, lastCall.Add(o.LastCallTimeout))
+			}
+		}
 	}
 }
 
