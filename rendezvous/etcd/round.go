@@ -486,13 +486,18 @@ func (h *Handler) join(ctx context.Context, st jobState, lease clientv3.LeaseID,
 		// nodes forming on one cluster takes O(n) periods: O(n²) in all.
 		staleUntil = time.Time{}
 		if quiet && reportOnly && idx > 0 && s.there() > rendezvous.NamedReportNodes {
-			staleUntil = *deadline
+			staleUntil = minTime(*deadline, read.Add(staleFor))
 			if !lastCall.IsZero() && !v.lastCallDue {
 				staleUntil = minTime(staleUntil, lastCall.Add(o.LastCallTimeout))
 			}
 		}
 	}
 }
+
+// staleFor is how long a large round's waiting node reports from its last
+// read: a read a minute costs etcd little, and keeps a node whose watch
+// missed the decision from waiting for its join timeout.
+const staleFor = time.Minute
 
 // waiting describes round r, which arrivals nodes joined, as this node,
 // arrival idx, reports it: in one read of their keys; a read that fails
