@@ -816,9 +816,9 @@ func (h *Handler) takePart(st jobState, d decision, me seat, rev int64, w *round
 // stop. It goes on with w's watch of the call/ keys, which followed the
 // round from before the decision this node read at rev, and watches the
 // node keys' deletions from the decider's read of the members on (d.Rev),
-// so that none goes unseen between the two. A broken watch is made again from the
-// revision it reached; a node cut off from etcd learns from its lease
-// (ensureLease).
+// so that none goes unseen between the two. A broken watch is made again
+// from the revision it reached; a node cut off from etcd learns from its
+// lease (ensureLease).
 func (h *Handler) watchRound(ri *rendezvous.RoundInfo, st jobState, d decision, rev int64, w *roundWatch) (stop func()) {
 	ctx, cancel := context.WithCancel(h.life)
 	nodePfx := h.k(nodesKey(st.round))
