@@ -29,8 +29,9 @@ package collective
 // other rank: all ranks get the same bits.
 
 const (
-	// hierPieces is how many pieces the 2D all_reduce cuts a large buffer
-	// into, so that the phases of one piece overlap those of the next.
+	// hierPieces is how many pieces a hierarchical collective cuts a
+	// large buffer into, so that the phases of one piece overlap those of
+	// the next (the 2D all_reduce more, to keep them to hierPieceMax).
 	hierPieces = 8
 	// hierPieceMin is the smallest piece: below it the shared-memory
 	// phases' synchronisations cost more than the overlap saves. On 2
