@@ -76,7 +76,8 @@ type TCPOptions struct {
 	// shmSlot overrides the bytes per block of shared-memory algorithms.
 	shmSlot int
 	// yieldSpin overrides how long an op reading its peer's socket spins
-	// with nothing moving before it parks (awaitYieldSpin).
+	// with nothing moving before it parks (awaitYieldSpin, and
+	// remoteYieldSpin for a peer on another host).
 	yieldSpin time.Duration
 	// noSingleCopy turns off single-copy reads of peers' memory, as a
 	// kernel that forbids them would.
@@ -104,6 +105,9 @@ type config struct {
 	segment   int
 	streams   int // TCP streams each way asked of each peer
 	yieldSpin time.Duration
+	// remoteSpin is yieldSpin for a frame from a peer on another host
+	// (remoteYieldSpin).
+	remoteSpin time.Duration
 }
 
 // worldID is the world communicator's id; splits hash their ids from it.
@@ -132,7 +136,8 @@ func NewTCP(ctx context.Context, store rendezvous.Store, rank, size int, opts TC
 	if err != nil {
 		return nil, err
 	}
-	cfg := config{algo: algo, segment: cmp.Or(opts.segment, defaultSegment), streams: streams, yieldSpin: cmp.Or(opts.yieldSpin, awaitYieldSpin)}
+	cfg := config{algo: algo, segment: cmp.Or(opts.segment, defaultSegment), streams: streams, yieldSpin: cmp.Or(opts.yieldSpin, awaitYieldSpin),
+		remoteSpin: cmp.Or(opts.yieldSpin, remoteYieldSpin)}
 	mode, err := opts.transportMode()
 	if err != nil {
 		return nil, err

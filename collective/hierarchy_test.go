@@ -396,3 +396,44 @@ func TestHierarchyByDefault(t *testing.T) {
 		}
 	}
 }
+
+// TestRailPieces: the 2D all_reduce's pieces are at least hierPieceMin
+// (one piece below it), at most hierPieceMax, and hierPieces where
+// that keeps them within both.
+func TestRailPieces(t *testing.T) {
+	cases := []struct{ n, pieces int }{
+		{0, 1},
+		{8, 1},
+		{1<<20 - 8, 1},
+		{1 << 20, 1},
+		{4 << 20, 4},
+		{16 << 20, 8},
+		{16<<20 + 8, 9}, // 8 pieces would be over 2 MiB
+		{64 << 20, 32},
+	}
+	for _, c := range cases {
+		if got := railPiecesOf(c.n); got != c.pieces {
+			t.Errorf("railPiecesOf(%d) = %d, want %d", c.n, got, c.pieces)
+		}
+	}
+}
+
+// TestRemoteHost: a peer counts as on another host only when both ends
+// named their hosts, differently.
+func TestRemoteHost(t *testing.T) {
+	cases := []struct {
+		me, peer string
+		remote   bool
+	}{
+		{"a", "b", true},
+		{"a", "a", false},
+		{"", "b", false},
+		{"a", "", false},
+		{"", "", false},
+	}
+	for _, c := range cases {
+		if got := remoteHost(c.me, c.peer); got != c.remote {
+			t.Errorf("remoteHost(%q, %q) = %v, want %v", c.me, c.peer, got, c.remote)
+		}
+	}
+}
