@@ -31,9 +31,16 @@ import (
 // were most of the server's memory. For the same reason the connection
 // keeps no logger (a zerolog context is half a KiB) and makes its map of
 // pending WAITs at its first WAIT.
+//
+// Where the system allows, a connection idle between requests holds no
+// goroutine either: it is parked in the server's event loop
+// (eventloop_linux.go), which serves whole requests itself and hands the
+// connection back to a goroutine (serve) for anything else. Exactly one
+// of the two owns the connection's reading at a time.
 type conn struct {
 	srv       *Server
 	nc        net.Conn
+	raw       syscall.RawConn // nc's socket where the loop may park it, else nil
 	r         frameReader   // r.r is nil while idle
 	handshake *list.Element // in Server.handshaking until a valid request; guarded by Server.mu
 	opened    time.Time     // when admitted; guarded by Server.mu
@@ -41,6 +48,11 @@ type conn struct {
 	wmu     sync.Mutex
 	w       frameWriter          // w.w is nil while nothing is buffered
 	pending map[*waiter]struct{} // WAITs not yet answered, nil before the first; guarded by wmu
+	// While the loop handles a batch, writes do not wait (loopWriting);
+	// what the socket does not take waits in unsent for the goroutine
+	// path, which sends it before anything else. Guarded by wmu.
+	loopWriting bool
+	unsent      []byte
 
 	fmu      sync.Mutex
 	fired    []*waiter // released WAITs whose STOP_WAITING is owed
@@ -60,6 +72,9 @@ type conn struct {
 	atBoundary bool    // the next byte starts a request
 	detected   bool    // dialect is known
 	dialect    Dialect // the client's, from its first bytes
+	preread    []byte  // read by the loop before it handed the connection over
+
+	loopID uint64 // the connection's key in the event loop; guarded by its mutex
 }
 
 // Per-connection buffer sizes, kept small: torch 1.13 clients hold a second,
@@ -77,11 +92,12 @@ var (
 )
 
 func newConn(s *Server, nc net.Conn) *conn {
-	return &conn{
+	c := &conn{
 		srv: s,
-		nc:  nc,
 		r:   frameReader{lim: s.limits, mem: s.budget},
 	}
+	c.nc, c.raw = forLoop(c, nc)
+	return c
 }
 
 // logAt starts a log event about the connection.
@@ -103,7 +119,7 @@ func (c *conn) peerHost() string {
 func (c *conn) writer() *frameWriter {
 	if c.w.w == nil {
 		w := writerPool.Get().(*bufio.Writer)
-		w.Reset(c.nc)
+		w.Reset(connOut{c})
 		c.w.w = w
 	}
 	return &c.w
@@ -112,15 +128,49 @@ func (c *conn) writer() *frameWriter {
 // flushLocked sends what is buffered and gives the buffer back. The
 // caller holds wmu.
 func (c *conn) flushLocked() error {
-	w := c.w.w
-	if w == nil {
-		return nil
+	var err error
+	if w := c.w.w; w != nil {
+		err = w.Flush()
+		w.Reset(nil)
+		writerPool.Put(w)
+		c.w.w = nil
 	}
-	err := w.Flush()
-	w.Reset(nil)
-	writerPool.Put(w)
-	c.w.w = nil
+	if err == nil && !c.loopWriting && len(c.unsent) > 0 {
+		err = c.sendUnsent()
+	}
 	return err
+}
+
+// sendUnsent sends what the loop could not, waiting as long as it takes.
+// The caller holds wmu.
+func (c *conn) sendUnsent() error {
+	_, err := c.nc.Write(c.unsent)
+	c.unsent = nil
+	return err
+}
+
+func (c *conn) hasUnsent() bool {
+	c.wmu.Lock()
+	defer c.wmu.Unlock()
+	return len(c.unsent) > 0
+}
+
+// connOut is what a connection's write buffer flushes to: the socket,
+// behind what the loop left unsent; without waiting while the loop writes.
+// Every write happens under wmu.
+type connOut struct{ c *conn }
+
+func (o connOut) Write(p []byte) (int, error) {
+	c := o.c
+	if c.loopWriting {
+		return c.writeNow(p)
+	}
+	if len(c.unsent) > 0 {
+		if err := c.sendUnsent(); err != nil {
+			return 0, err
+		}
+	}
+	return c.nc.Write(p)
 }
 
 func (c *conn) flush() error {
@@ -157,7 +207,7 @@ func (c *conn) awaitRequest() error {
 		return err
 	}
 	c.dropReader()
-	if !c.enterIdle() {
+	if c.preread == nil && !c.enterIdle() {
 		err := waitReadable(c.nc)
 		c.leaveIdle()
 		shutdownWoke := err != nil && c.srv.shuttingDown() && errors.Is(err, os.ErrDeadlineExceeded)
@@ -184,6 +234,14 @@ func (r connReader) Read(p []byte) (int, error) {
 	c := r.c
 	if err := c.flush(); err != nil {
 		return 0, err
+	}
+	if len(c.preread) > 0 {
+		n := copy(p, c.preread)
+		if c.preread = c.preread[n:]; len(c.preread) == 0 {
+			c.preread = nil
+		}
+		c.atBoundary = false
+		return n, nil
 	}
 	if !c.atBoundary {
 		return c.nc.Read(p) // inside a request: finish it
@@ -290,14 +348,15 @@ func (c *conn) idleFor(now time.Time) (time.Duration, bool) {
 }
 
 // serve waits for the connection's next requests and handles them, in a
-// goroutine of its own (the server counts it in wg). When it has to wait
-// again it hands the connection to a fresh goroutine and returns: a
-// goroutine's stack grows while it handles requests and shrinks only at
-// a collection that finds it idle, so a goroutine started to wait holds
-// the least stack (2 KiB where one that served requests kept 4 or more),
-// at the cost of starting one per exchange with the client.
+// goroutine of its own. The server counts the connection, not the
+// goroutine, in wg: one count from admission to finish. When it has to
+// wait again it parks the connection in the event loop, or, where there
+// is none, hands it to a fresh goroutine and returns: a goroutine's stack
+// grows while it handles requests and shrinks only at a collection that
+// finds it idle, so a goroutine started to wait holds the least stack
+// (2 KiB where one that served requests kept 4 or more), at the cost of
+// starting one per exchange with the client.
 func (c *conn) serve() {
-	defer c.srv.wg.Done()
 	err := c.awaitRequest()
 	if err == nil && !c.detected {
 		c.detected = true
@@ -309,22 +368,60 @@ func (c *conn) serve() {
 		err = c.serveBuffered()
 	}
 	if err == nil {
-		c.srv.wg.Add(1)
-		go c.serve()
+		err = c.flush()
+	}
+	if err == nil {
+		c.dropReader()
+		if !c.park() {
+			go c.serve()
+		}
 		return
 	}
+	c.finish(err)
+}
+
+// park hands the connection, idle and holding no buffer, to the event
+// loop, and reports whether the loop took it. Only a connection past its
+// handshake is parked: the handshake's deadline and the eviction of
+// silent connections work on a reader waiting in the goroutine path.
+// During Shutdown it stays on that path, which drains it.
+func (c *conn) park() bool {
+	if c.raw == nil || !c.isHandshaken() {
+		return false
+	}
+	l := c.srv.parkingLoop()
+	if l == nil || c.enterIdle() {
+		return false
+	}
+	if l.park(c) {
+		return true
+	}
+	c.leaveIdle()
+	return false
+}
+
+// handOff gives the connection from the loop back to a goroutine, with
+// the bytes the loop read and did not handle.
+func (c *conn) handOff(preread []byte) {
+	c.preread = preread
+	go c.serve()
+}
+
+// finish ends the connection for err, its owner's last act.
+func (c *conn) finish(err error) {
 	if errors.Is(err, errServerClosing) {
 		_ = c.flush()
 	}
 	c.logEnd(c.dialect, err)
 	c.dropReader()
 	c.close()
+	c.srv.wg.Done()
 }
 
 // serveBuffered handles requests until no byte of another has arrived.
 func (c *conn) serveBuffered() error {
 	for {
-		if c.atBoundary = c.r.r.Buffered() == 0; c.atBoundary {
+		if c.atBoundary = c.r.r.Buffered() == 0 && c.preread == nil; c.atBoundary {
 			return nil
 		}
 		req, err := c.r.readRequest(c.dialect)

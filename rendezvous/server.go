@@ -5,6 +5,7 @@ import (
 	"errors"
 	"net"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/rs/zerolog"
@@ -103,7 +104,9 @@ type Server struct {
 	conns     map[*conn]struct{}
 	shutdown  bool
 	done      chan struct{} // closed when shutdown begins
-	wg        sync.WaitGroup
+	wg        sync.WaitGroup // connections, the event loop, flushers and pushers
+	loopTried bool           // parkingLoop tried to start the loop; guarded by mu
+	evloop    atomic.Pointer[eventLoop]
 }
 
 // NewServer returns a Server with an empty store.
@@ -201,6 +204,29 @@ func (s *Server) startConn(nc net.Conn) {
 	go c.serve()
 }
 
+// loop returns the server's event loop, nil if none was started.
+func (s *Server) loop() *eventLoop { return s.evloop.Load() }
+
+// parkingLoop returns the event loop that idle connections park in,
+// starting it at the first park; nil where there is none, or once
+// Shutdown has begun.
+func (s *Server) parkingLoop() *eventLoop {
+	if l := s.evloop.Load(); l != nil {
+		return l
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.shutdown || s.loopTried {
+		return s.evloop.Load()
+	}
+	s.loopTried = true
+	l := newEventLoop(s)
+	if l != nil {
+		s.evloop.Store(l)
+	}
+	return l
+}
+
 func (s *Server) forgetConn(c *conn) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -258,6 +284,9 @@ func (s *Server) beginShutdown(stop func(*conn)) error {
 	}
 	for c := range s.conns {
 		stop(c)
+	}
+	if l := s.evloop.Load(); l != nil {
+		l.stop() // its parked connections go to goroutines that see the shutdown
 	}
 	return errors.Join(errs...)
 }

@@ -1,0 +1,377 @@
+//go:build linux
+
+package rendezvous
+
+import (
+	"bufio"
+	"bytes"
+	"errors"
+	"io"
+	"net"
+	"os"
+	"sync"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// eventLoop serves the connections idle between requests without a
+// goroutine each. They sit, parked, in one epoll set; when one becomes
+// readable the loop reads what came, and if it is whole requests it
+// handles them and writes the replies at once, without blocking, and parks
+// the connection again. Anything else (a partial frame, a reply the socket
+// cannot take, an error) goes back to the connection's goroutine path
+// (conn.serve) with the bytes already read.
+//
+// At the scale of a job's init (thousands of ranks, each a few small
+// requests), a goroutine per exchange cost more in scheduler hand-offs
+// and fresh stacks than the requests themselves; the loop pays one read
+// and one write per batch, as a C event loop does.
+//
+// The epoll set's own descriptor waits in Go's poller, so the loop holds
+// no thread while nothing happens, and Shutdown wakes it with a deadline.
+// One goroutine runs the loop (run); it alone reads from a parked
+// connection's socket. The parked map says who owns a connection: the
+// loop takes it out when it serves it, a goroutine puts it in to park it,
+// and Shutdown and a close from elsewhere take it out to end it.
+type eventLoop struct {
+	srv *Server
+	ep  *os.File // the epoll set
+	rc  syscall.RawConn
+
+	mu      sync.Mutex
+	parked  map[uint64]*conn // by conn.loopID
+	nextID  uint64
+	stopped bool
+
+	// The loop goroutine's own.
+	events []unix.EpollEvent
+	in     *bufio.Reader // what one read from a connection brought
+	fr     frameReader
+}
+
+// loopReadSize is the most the loop reads from a connection at once:
+// many small requests. A batch that fills it goes to the goroutine path.
+const loopReadSize = 64 << 10
+
+// newEventLoop returns a running loop for s, or nil where epoll is not
+// available (the goroutine path then serves every connection).
+func newEventLoop(s *Server) *eventLoop {
+	fd, err := unix.EpollCreate1(unix.EPOLL_CLOEXEC)
+	if err != nil {
+		return nil
+	}
+	// Nonblocking, so that os.NewFile puts it in Go's poller.
+	if err := unix.SetNonblock(fd, true); err != nil {
+		unix.Close(fd)
+		return nil
+	}
+	ep := os.NewFile(uintptr(fd), "rendezvous-epoll")
+	rc, err := ep.SyscallConn()
+	if err != nil || ep.SetReadDeadline(time.Time{}) != nil {
+		ep.Close() // not pollable: the loop could not wait in Go's poller
+		return nil
+	}
+	l := &eventLoop{
+		srv:    s,
+		ep:     ep,
+		rc:     rc,
+		parked: make(map[uint64]*conn),
+		events: make([]unix.EpollEvent, 256),
+		in:     bufio.NewReaderSize(nil, loopReadSize),
+		fr:     frameReader{lim: s.limits, mem: s.budget},
+	}
+	l.fr.r = l.in
+	s.wg.Add(1)
+	go l.run()
+	return l
+}
+
+// run waits for parked connections to become readable and serves them,
+// until stop. It closes the epoll set when it returns.
+func (l *eventLoop) run() {
+	defer l.srv.wg.Done()
+	defer l.ep.Close()
+	for {
+		var n int
+		err := l.rc.Read(func(fd uintptr) bool {
+			var werr error
+			n, werr = unix.EpollWait(int(fd), l.events, 0)
+			if werr != nil {
+				n = 0
+				return werr != unix.EINTR && werr != unix.EAGAIN
+			}
+			return n > 0 // none ready: Go's poller waits for the set
+		})
+		if err != nil || l.isStopped() {
+			return // stop's deadline, or the set failed: Shutdown ends what is parked
+		}
+		for i := range l.events[:n] {
+			if c := l.take(eventID(&l.events[i])); c != nil {
+				l.serve(c)
+			}
+		}
+	}
+}
+
+func eventID(ev *unix.EpollEvent) uint64 {
+	return uint64(uint32(ev.Fd)) | uint64(uint32(ev.Pad))<<32
+}
+
+func (l *eventLoop) isStopped() bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.stopped
+}
+
+// take removes a parked connection, making the caller its owner; nil if
+// it is not parked (an event that came after someone else took it).
+func (l *eventLoop) take(id uint64) *conn {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	c := l.parked[id]
+	if c != nil {
+		delete(l.parked, id)
+	}
+	return c
+}
+
+// park hands c, whose caller owns it and which holds no buffer, to the
+// loop. It reports false, the caller keeping c, if the loop has stopped
+// or c's socket could not join the set.
+func (l *eventLoop) park(c *conn) bool {
+	l.mu.Lock()
+	if l.stopped {
+		l.mu.Unlock()
+		return false
+	}
+	if c.loopID == 0 {
+		l.nextID++
+		c.loopID = l.nextID
+	}
+	id := c.loopID
+	l.parked[id] = c
+	l.mu.Unlock()
+	// Past this point c may already be another's: armed, the loop may
+	// serve it, and a close may end it. Only the ID is used.
+	if err := l.arm(c, id); err != nil {
+		// Still parked: not armed, so the loop cannot have taken it;
+		// a close or stop that did owns it now.
+		return l.take(id) == nil
+	}
+	return true
+}
+
+// arm asks the set for one event when c's socket becomes readable
+// (EPOLLONESHOT: the loop re-arms when it parks the connection again).
+func (l *eventLoop) arm(c *conn, id uint64) error {
+	ev := unix.EpollEvent{
+		Events: unix.EPOLLIN | unix.EPOLLRDHUP | unix.EPOLLONESHOT,
+		Fd:     int32(uint32(id)),
+		Pad:    int32(uint32(id >> 32)),
+	}
+	var ctlErr error
+	err := l.rc.Control(func(epfd uintptr) {
+		cerr := c.raw.Control(func(fd uintptr) {
+			ctlErr = unix.EpollCtl(int(epfd), unix.EPOLL_CTL_MOD, int(fd), &ev)
+			if ctlErr == unix.ENOENT {
+				// First park, or the descriptor number was closed and reused.
+				ctlErr = unix.EpollCtl(int(epfd), unix.EPOLL_CTL_ADD, int(fd), &ev)
+			}
+		})
+		if ctlErr == nil {
+			ctlErr = cerr
+		}
+	})
+	if err != nil {
+		return err
+	}
+	return ctlErr
+}
+
+// closed is told that c's socket was closed by someone other than its
+// owner (eviction, Close, a failed write of a fired WAIT): a parked
+// connection has no goroutine to notice, so one is started to end it.
+func (l *eventLoop) closed(c *conn) {
+	l.mu.Lock()
+	parked := c.loopID != 0 && l.parked[c.loopID] == c
+	if parked {
+		delete(l.parked, c.loopID)
+	}
+	l.mu.Unlock()
+	if parked {
+		go c.finish(net.ErrClosed)
+	}
+}
+
+// stop ends the loop: every parked connection goes back to a goroutine,
+// which drains it during Shutdown (conn.serve), and later parks fail.
+func (l *eventLoop) stop() {
+	l.mu.Lock()
+	if l.stopped {
+		l.mu.Unlock()
+		return
+	}
+	l.stopped = true
+	parked := l.parked
+	l.parked = nil
+	l.mu.Unlock()
+	for _, c := range parked {
+		go c.serve()
+	}
+	_ = l.ep.SetReadDeadline(time.Unix(1, 0)) // wake run
+}
+
+// serve reads what came on a connection the loop took and handles it,
+// then parks the connection again or hands it to its goroutine path.
+func (l *eventLoop) serve(c *conn) {
+	c.leaveIdle()
+	l.in.Reset(readOnce{c})
+	_, err := l.in.Peek(1)
+	got := l.in.Buffered()
+	switch {
+	case got == 0 && errors.Is(err, errWouldBlock):
+		l.repark(c) // woken for nothing: an event from before it was taken
+		return
+	case got == 0:
+		c.finish(err)
+		return
+	}
+	batch, _ := l.in.Peek(got)
+	if planBatch(batch, got == loopReadSize, c.dialect, l.srv.limits) != planInline {
+		c.handOff(bytes.Clone(batch))
+		l.in.Reset(nil)
+		return
+	}
+	err = l.handleBatch(c)
+	l.in.Reset(nil)
+	if err != nil {
+		c.finish(err)
+		return
+	}
+	if c.hasUnsent() {
+		c.handOff(nil) // the goroutine finishes the write, blocking
+		return
+	}
+	l.repark(c)
+}
+
+// handleBatch handles the whole requests in l.in, then writes their
+// replies without blocking; what the socket does not take is kept in
+// c.unsent.
+func (l *eventLoop) handleBatch(c *conn) error {
+	c.wmu.Lock()
+	c.loopWriting = true
+	c.wmu.Unlock()
+	var err error
+	for err == nil && l.in.Buffered() > 0 {
+		var req request
+		req, err = l.fr.readRequest(c.dialect)
+		l.fr.releaseHeld()
+		if err == nil {
+			err = c.handle(&req)
+		}
+		l.fr.releaseHeld()
+	}
+	c.wmu.Lock()
+	if ferr := c.flushLocked(); err == nil {
+		err = ferr
+	}
+	c.loopWriting = false
+	c.wmu.Unlock()
+	return err
+}
+
+func (l *eventLoop) repark(c *conn) {
+	if !c.park() {
+		go c.serve()
+	}
+}
+
+// errWouldBlock is a read of a socket with nothing in it.
+var errWouldBlock = errors.New("rendezvous: would block")
+
+// readOnce reads a connection's socket once without waiting.
+type readOnce struct{ c *conn }
+
+func (r readOnce) Read(p []byte) (int, error) {
+	var n int
+	var rerr error
+	if err := r.c.raw.Read(func(fd uintptr) bool {
+		n, rerr = unix.Read(int(fd), p)
+		return true
+	}); err != nil {
+		return 0, err
+	}
+	switch {
+	case rerr == unix.EAGAIN:
+		return 0, errWouldBlock
+	case rerr != nil:
+		return 0, rerr
+	case n == 0:
+		return 0, io.EOF
+	}
+	return n, nil
+}
+
+// writeNow writes p to c's socket without waiting and keeps what it did
+// not take in c.unsent, behind anything already kept there. The caller
+// holds wmu.
+func (c *conn) writeNow(p []byte) (int, error) {
+	if len(c.unsent) > 0 {
+		c.unsent = append(c.unsent, p...)
+		return len(p), nil
+	}
+	var n int
+	var werr error
+	if err := c.raw.Write(func(fd uintptr) bool {
+		n, werr = unix.Write(int(fd), p)
+		return true
+	}); err != nil {
+		return 0, err
+	}
+	if werr == unix.EAGAIN {
+		n, werr = 0, nil
+	}
+	if werr != nil {
+		return 0, werr
+	}
+	if n < len(p) {
+		c.unsent = append(c.unsent, p[n:]...)
+	}
+	return len(p), nil
+}
+
+// loopConn is a connection's socket as the server holds it when the loop
+// may park it: closing it from elsewhere ends it even while parked.
+type loopConn struct {
+	net.Conn
+	c *conn
+}
+
+func (lc *loopConn) Close() error {
+	err := lc.Conn.Close()
+	if l := lc.c.srv.loop(); l != nil {
+		l.closed(lc.c)
+	}
+	return err
+}
+
+// SyscallConn keeps the socket reachable for peeks and readiness waits.
+func (lc *loopConn) SyscallConn() (syscall.RawConn, error) { return lc.c.raw, nil }
+
+// forLoop returns nc as the server holds it, and its raw socket if the
+// loop may park it: a plain TCP socket, not one behind a wrapper (an
+// authenticating one) that reads must go through.
+func forLoop(c *conn, nc net.Conn) (net.Conn, syscall.RawConn) {
+	tc, ok := nc.(*net.TCPConn)
+	if !ok {
+		return nc, nil
+	}
+	raw, err := tc.SyscallConn()
+	if err != nil {
+		return nc, nil
+	}
+	return &loopConn{Conn: nc, c: c}, raw
+}
