@@ -75,6 +75,7 @@ type conn struct {
 	preread    []byte  // read by the loop before it handed the connection over
 
 	loopID uint64 // the connection's key in the event loop; guarded by its mutex
+	inSet  bool   // its socket is in the loop's epoll set; its owner's
 }
 
 // Per-connection buffer sizes, kept small: torch 1.13 clients hold a second,
@@ -400,13 +401,6 @@ func (c *conn) park() bool {
 	return false
 }
 
-// handOff gives the connection from the loop back to a goroutine, with
-// the bytes the loop read and did not handle.
-func (c *conn) handOff(preread []byte) {
-	c.preread = preread
-	go c.serve()
-}
-
 // finish ends the connection for err, its owner's last act.
 func (c *conn) finish(err error) {
 	if errors.Is(err, errServerClosing) {
@@ -650,10 +644,14 @@ func (c *conn) wait(keys []string) error {
 }
 
 // fire is called by the table, under its lock, when one of this
-// connection's waiters is released by the keys it waited for. It queues
-// the STOP_WAITING for a flusher goroutine, starting one if none runs:
+// connection's waiters is released by the keys it waited for. It sends
+// the STOP_WAITING at once if it can without waiting (answerNow), else
+// queues it for a flusher goroutine, starting one if none runs:
 // goroutines follow wake-ups, not waits.
 func (c *conn) fire(w *waiter) {
+	if c.answerNow(w) {
+		return
+	}
 	c.fmu.Lock()
 	defer c.fmu.Unlock()
 	c.fired = append(c.fired, w)
@@ -662,6 +660,31 @@ func (c *conn) fire(w *waiter) {
 		c.srv.wg.Add(1)
 		go c.flushFired()
 	}
+}
+
+// answerNow writes w's STOP_WAITING straight to the socket if nothing
+// else is being written on the connection (wmu free, no reply buffered or
+// unsent, no STOP_WAITING queued before it) and the socket takes the byte
+// without waiting. A barrier releases every rank at once: answered here,
+// each costs one write instead of a flusher goroutine. It only tries
+// wmu, which the table's lock, held here, may not wait for.
+func (c *conn) answerNow(w *waiter) bool {
+	if c.raw == nil || !c.wmu.TryLock() {
+		return false
+	}
+	defer c.wmu.Unlock()
+	if _, ok := c.pending[w]; !ok || c.w.w != nil || len(c.unsent) > 0 {
+		return false
+	}
+	c.fmu.Lock()
+	queued := c.flushing || len(c.fired) > 0
+	c.fmu.Unlock()
+	if queued || !c.sendByte(stopWaiting) {
+		return false
+	}
+	delete(c.pending, w)
+	c.holds.Add(-1)
+	return true
 }
 
 // flushFired sends the STOP_WAITINGs owed for fired waiters until none

@@ -153,41 +153,59 @@ func (l *eventLoop) park(c *conn) bool {
 	id := c.loopID
 	l.parked[id] = c
 	l.mu.Unlock()
-	// Past this point c may already be another's: armed, the loop may
-	// serve it, and a close may end it. Only the ID is used.
-	if err := l.arm(c, id); err != nil {
-		// Still parked: not armed, so the loop cannot have taken it;
-		// a close or stop that did owns it now.
+	// Past this point c may already be another's: in the set, the loop
+	// may serve it, and a close may end it. Only id is used.
+	var err error
+	if c.inSet {
+		// Back from the loop's own serving, still in the set: only make
+		// sure no close came meanwhile, which nobody would notice now.
+		err = c.raw.Control(func(uintptr) {})
+	} else {
+		c.inSet = true
+		if err = l.ctl(c, unix.EPOLL_CTL_ADD, id); err != nil && l.take(id) == c {
+			c.inSet = false
+			return false
+		}
+	}
+	if err != nil {
+		// The loop cannot serve it (not in the set, or closed); a close or
+		// stop that took it meanwhile owns it now.
 		return l.take(id) == nil
 	}
 	return true
 }
 
-// arm asks the set for one event when c's socket becomes readable
-// (EPOLLONESHOT: the loop re-arms when it parks the connection again).
-func (l *eventLoop) arm(c *conn, id uint64) error {
+// ctl adds c's socket to the set, level-triggered: a connection the loop
+// serves and parks again costs no call, or deletes it when the loop hands
+// the connection to a goroutine.
+func (l *eventLoop) ctl(c *conn, op int, id uint64) error {
 	ev := unix.EpollEvent{
-		Events: unix.EPOLLIN | unix.EPOLLRDHUP | unix.EPOLLONESHOT,
+		Events: unix.EPOLLIN | unix.EPOLLRDHUP,
 		Fd:     int32(uint32(id)),
 		Pad:    int32(uint32(id >> 32)),
 	}
 	var ctlErr error
 	err := l.rc.Control(func(epfd uintptr) {
-		cerr := c.raw.Control(func(fd uintptr) {
-			ctlErr = unix.EpollCtl(int(epfd), unix.EPOLL_CTL_MOD, int(fd), &ev)
-			if ctlErr == unix.ENOENT {
-				// First park, or the descriptor number was closed and reused.
-				ctlErr = unix.EpollCtl(int(epfd), unix.EPOLL_CTL_ADD, int(fd), &ev)
-			}
+		ctlErr = c.raw.Control(func(fd uintptr) {
+			ctlErr = unix.EpollCtl(int(epfd), op, int(fd), &ev)
 		})
-		if ctlErr == nil {
-			ctlErr = cerr
-		}
 	})
 	if err != nil {
 		return err
 	}
 	return ctlErr
+}
+
+// handOff gives a connection the loop took back to a goroutine, with the
+// bytes the loop read and did not handle. It leaves the set first: a
+// goroutine reads it now.
+func (l *eventLoop) handOff(c *conn, preread []byte) {
+	if c.inSet {
+		c.inSet = false
+		_ = l.ctl(c, unix.EPOLL_CTL_DEL, c.loopID) // fails only if closed, which the goroutine sees
+	}
+	c.preread = preread
+	go c.serve()
 }
 
 // closed is told that c's socket was closed by someone other than its
@@ -240,7 +258,7 @@ func (l *eventLoop) serve(c *conn) {
 	}
 	batch, _ := l.in.Peek(got)
 	if planBatch(batch, got == loopReadSize, c.dialect, l.srv.limits) != planInline {
-		c.handOff(bytes.Clone(batch))
+		l.handOff(c, bytes.Clone(batch))
 		l.in.Reset(nil)
 		return
 	}
@@ -251,7 +269,7 @@ func (l *eventLoop) serve(c *conn) {
 		return
 	}
 	if c.hasUnsent() {
-		c.handOff(nil) // the goroutine finishes the write, blocking
+		l.handOff(c, nil) // the goroutine finishes the write, blocking
 		return
 	}
 	l.repark(c)
@@ -285,7 +303,7 @@ func (l *eventLoop) handleBatch(c *conn) error {
 
 func (l *eventLoop) repark(c *conn) {
 	if !c.park() {
-		go c.serve()
+		l.handOff(c, nil)
 	}
 }
 
@@ -313,6 +331,21 @@ func (r readOnce) Read(p []byte) (int, error) {
 		return 0, io.EOF
 	}
 	return n, nil
+}
+
+// sendByte writes b to c's socket if it takes it without waiting, and
+// reports whether it did. The caller holds wmu.
+func (c *conn) sendByte(b byte) bool {
+	p := [1]byte{b}
+	var n int
+	var werr error
+	if err := c.raw.Write(func(fd uintptr) bool {
+		n, werr = unix.Write(int(fd), p[:])
+		return true
+	}); err != nil || werr != nil {
+		return false
+	}
+	return n == 1
 }
 
 // writeNow writes p to c's socket without waiting and keeps what it did

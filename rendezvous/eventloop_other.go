@@ -19,4 +19,6 @@ func (*eventLoop) stop() {}
 
 func (c *conn) writeNow(p []byte) (int, error) { return c.nc.Write(p) }
 
+func (c *conn) sendByte(byte) bool { return false }
+
 func forLoop(_ *conn, nc net.Conn) (net.Conn, syscall.RawConn) { return nc, nil }
