@@ -41,9 +41,9 @@ type conn struct {
 	srv       *Server
 	nc        net.Conn
 	raw       syscall.RawConn // nc's socket where the loop may park it, else nil
-	r         frameReader   // r.r is nil while idle
-	handshake *list.Element // in Server.handshaking until a valid request; guarded by Server.mu
-	opened    time.Time     // when admitted; guarded by Server.mu
+	r         frameReader     // r.r is nil while idle
+	handshake *list.Element   // in Server.handshaking until a valid request; guarded by Server.mu
+	opened    time.Time       // when admitted; guarded by Server.mu
 
 	wmu     sync.Mutex
 	w       frameWriter          // w.w is nil while nothing is buffered

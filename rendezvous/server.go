@@ -103,7 +103,7 @@ type Server struct {
 	addr      net.Addr
 	conns     map[*conn]struct{}
 	shutdown  bool
-	done      chan struct{} // closed when shutdown begins
+	done      chan struct{}  // closed when shutdown begins
 	wg        sync.WaitGroup // connections, the event loop, flushers and pushers
 	loopTried bool           // parkingLoop tried to start the loop; guarded by mu
 	evloop    atomic.Pointer[eventLoop]
