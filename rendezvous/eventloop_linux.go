@@ -12,6 +12,7 @@ import (
 	"sync"
 	"syscall"
 	"time"
+	"unsafe"
 
 	"golang.org/x/sys/unix"
 )
@@ -97,7 +98,7 @@ func (l *eventLoop) run() {
 		var n int
 		err := l.rc.Read(func(fd uintptr) bool {
 			var werr error
-			n, werr = unix.EpollWait(int(fd), l.events, 0)
+			n, werr = epollPoll(int(fd), l.events)
 			if werr != nil {
 				n = 0
 				return werr != unix.EINTR && werr != unix.EAGAIN
@@ -187,7 +188,7 @@ func (l *eventLoop) ctl(c *conn, op int, id uint64) error {
 	var ctlErr error
 	err := l.rc.Control(func(epfd uintptr) {
 		ctlErr = c.raw.Control(func(fd uintptr) {
-			ctlErr = unix.EpollCtl(int(epfd), op, int(fd), &ev)
+			ctlErr = epollCtl(int(epfd), op, int(fd), &ev)
 		})
 	})
 	if err != nil {
@@ -317,7 +318,7 @@ func (r readOnce) Read(p []byte) (int, error) {
 	var n int
 	var rerr error
 	if err := r.c.raw.Read(func(fd uintptr) bool {
-		n, rerr = unix.Read(int(fd), p)
+		n, rerr = rawRead(int(fd), p)
 		return true
 	}); err != nil {
 		return 0, err
@@ -340,7 +341,7 @@ func (c *conn) sendByte(b byte) bool {
 	var n int
 	var werr error
 	if err := c.raw.Write(func(fd uintptr) bool {
-		n, werr = unix.Write(int(fd), p[:])
+		n, werr = rawWrite(int(fd), p[:])
 		return true
 	}); err != nil || werr != nil {
 		return false
@@ -359,7 +360,7 @@ func (c *conn) writeNow(p []byte) (int, error) {
 	var n int
 	var werr error
 	if err := c.raw.Write(func(fd uintptr) bool {
-		n, werr = unix.Write(int(fd), p)
+		n, werr = rawWrite(int(fd), p)
 		return true
 	}); err != nil {
 		return 0, err
@@ -407,4 +408,48 @@ func forLoop(c *conn, nc net.Conn) (net.Conn, syscall.RawConn) {
 		return nc, nil
 	}
 	return &loopConn{Conn: nc, c: c}, raw
+}
+
+// The loop's system calls never block (nonblocking sockets, epoll_wait
+// with no timeout), so they are made raw: without telling the scheduler,
+// which would otherwise hand the processor off and wake sysmon for each
+// of the thousands a job's init makes.
+
+func rawRead(fd int, p []byte) (int, error) {
+	if len(p) == 0 {
+		return 0, nil
+	}
+	n, _, errno := unix.RawSyscall(unix.SYS_READ, uintptr(fd), uintptr(unsafe.Pointer(&p[0])), uintptr(len(p)))
+	if errno != 0 {
+		return 0, errno
+	}
+	return int(n), nil
+}
+
+func rawWrite(fd int, p []byte) (int, error) {
+	if len(p) == 0 {
+		return 0, nil
+	}
+	n, _, errno := unix.RawSyscall(unix.SYS_WRITE, uintptr(fd), uintptr(unsafe.Pointer(&p[0])), uintptr(len(p)))
+	if errno != 0 {
+		return 0, errno
+	}
+	return int(n), nil
+}
+
+// epollPoll returns the events ready now, without waiting.
+func epollPoll(epfd int, events []unix.EpollEvent) (int, error) {
+	n, _, errno := unix.RawSyscall6(unix.SYS_EPOLL_PWAIT, uintptr(epfd), uintptr(unsafe.Pointer(&events[0])), uintptr(len(events)), 0, 0, 0)
+	if errno != 0 {
+		return 0, errno
+	}
+	return int(n), nil
+}
+
+func epollCtl(epfd, op, fd int, ev *unix.EpollEvent) error {
+	_, _, errno := unix.RawSyscall6(unix.SYS_EPOLL_CTL, uintptr(epfd), uintptr(op), uintptr(fd), uintptr(unsafe.Pointer(ev)), 0, 0)
+	if errno != 0 {
+		return errno
+	}
+	return nil
 }
