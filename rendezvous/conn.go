@@ -67,6 +67,10 @@ type conn struct {
 	idleSince  time.Time
 	nudged     bool // Shutdown set a past read deadline to wake it
 	handshaken bool // a valid first request came
+	// Ends the connection if it is still parked without a valid request
+	// when its handshake time is up (a parked connection's read deadline
+	// wakes nobody); set before it is first parked.
+	handshakeTimer *time.Timer
 
 	// Reader goroutine only (one at a time, see serve).
 	atBoundary bool    // the next byte starts a request
@@ -330,6 +334,9 @@ func (c *conn) handshook() {
 	if !c.nudged {
 		_ = c.nc.SetReadDeadline(time.Time{})
 	}
+	if c.handshakeTimer != nil {
+		c.handshakeTimer.Stop()
+	}
 	c.smu.Unlock()
 	c.srv.handshook(c)
 }
@@ -382,12 +389,13 @@ func (c *conn) serve() {
 }
 
 // park hands the connection, idle and holding no buffer, to the event
-// loop, and reports whether the loop took it. Only a connection past its
-// handshake is parked: the handshake's deadline and the eviction of
-// silent connections work on a reader waiting in the goroutine path.
-// During Shutdown it stays on that path, which drains it.
+// loop, and reports whether the loop took it. A connection fresh from
+// accept is parked, its handshake time kept by a timer (startConn); one
+// that has spoken is parked only past its handshake, which the goroutine
+// path's read deadline keeps. During Shutdown it stays on that path,
+// which drains it.
 func (c *conn) park() bool {
-	if c.raw == nil || !c.isHandshaken() {
+	if c.raw == nil || (c.detected && !c.isHandshaken()) {
 		return false
 	}
 	l := c.srv.parkingLoop()
@@ -403,6 +411,9 @@ func (c *conn) park() bool {
 
 // finish ends the connection for err, its owner's last act.
 func (c *conn) finish(err error) {
+	if c.handshakeTimer != nil {
+		c.handshakeTimer.Stop()
+	}
 	if errors.Is(err, errServerClosing) {
 		_ = c.flush()
 	}

@@ -23,7 +23,7 @@ const (
 // handle inline once whole: a WAIT that must wait registers a waiter and
 // is answered later by the flusher, as on the goroutine path.
 func planBatch(b []byte, filled bool, d Dialect, lim limits) batchPlan {
-	if filled || len(b) == 0 {
+	if filled {
 		return planHandOff
 	}
 	for len(b) > 0 {
@@ -40,6 +40,24 @@ func planBatch(b []byte, filled bool, d Dialect, lim limits) batchPlan {
 		b = s.b
 	}
 	return planInline
+}
+
+// detectDialectBytes tells a connection's dialect from its first bytes,
+// as frameReader.detectDialect does, and how many of them the greeting
+// takes (a torch >= 2.2 VALIDATE); ok is false when they are too few to
+// tell.
+func detectDialectBytes(b []byte) (d Dialect, skip int, ok bool) {
+	switch {
+	case len(b) == 0:
+		return Dialect113, 0, false
+	case b[0] != 0:
+		return Dialect113, 0, true
+	case len(b) < 5:
+		return Dialect113, 0, false
+	case binary.LittleEndian.Uint32(b[1:]) != validateMagic:
+		return Dialect113, 0, true
+	}
+	return DialectV2, 5, true
 }
 
 // frameScanner walks a frame's fields in bytes already read, through the

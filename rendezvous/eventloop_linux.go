@@ -209,6 +209,21 @@ func (l *eventLoop) handOff(c *conn, preread []byte) {
 	go c.serve()
 }
 
+// handshakeExpired ends c if it is still parked fresh from accept, with
+// no request yet, when its handshake time is up; on the goroutine path
+// its read deadline does the same.
+func (l *eventLoop) handshakeExpired(c *conn) {
+	l.mu.Lock()
+	expired := c.loopID != 0 && l.parked[c.loopID] == c && !c.isHandshaken()
+	if expired {
+		delete(l.parked, c.loopID)
+	}
+	l.mu.Unlock()
+	if expired {
+		c.finish(os.ErrDeadlineExceeded)
+	}
+}
+
 // closed is told that c's socket was closed by someone other than its
 // owner (eviction, Close, a failed write of a fired WAIT): a parked
 // connection has no goroutine to notice, so one is started to end it.
@@ -258,6 +273,22 @@ func (l *eventLoop) serve(c *conn) {
 		return
 	}
 	batch, _ := l.in.Peek(got)
+	if !c.detected {
+		// A connection parked fresh from accept: its first bytes tell
+		// its dialect, as on the goroutine path (frameReader.detectDialect).
+		d, skip, ok := detectDialectBytes(batch)
+		if !ok {
+			l.handOff(c, bytes.Clone(batch))
+			l.in.Reset(nil)
+			return
+		}
+		c.detected, c.dialect = true, d
+		_, _ = l.in.Discard(skip)
+		batch = batch[skip:]
+		if d == DialectV2 {
+			c.handshook()
+		}
+	}
 	if planBatch(batch, got == loopReadSize, c.dialect, l.srv.limits) != planInline {
 		l.handOff(c, bytes.Clone(batch))
 		l.in.Reset(nil)
@@ -284,6 +315,7 @@ func (l *eventLoop) handleBatch(c *conn) error {
 	c.loopWriting = true
 	c.wmu.Unlock()
 	var err error
+	greeted := c.isHandshaken()
 	for err == nil && l.in.Buffered() > 0 {
 		var req request
 		req, err = l.fr.readRequest(c.dialect)
@@ -292,6 +324,10 @@ func (l *eventLoop) handleBatch(c *conn) error {
 			err = c.handle(&req)
 		}
 		l.fr.releaseHeld()
+		if err == nil && !greeted {
+			greeted = true
+			c.handshook() // a torch 1.13 client's first valid request
+		}
 	}
 	c.wmu.Lock()
 	if ferr := c.flushLocked(); err == nil {

@@ -194,14 +194,22 @@ func (s *Server) shuttingDown() bool {
 func (s *Server) startConn(nc net.Conn) {
 	c := newConn(s, nc)
 	s.mu.Lock()
-	defer s.mu.Unlock()
 	if s.shutdown || !s.admitLocked(c) {
+		s.mu.Unlock()
 		nc.Close()
 		return
 	}
 	s.conns[c] = struct{}{}
 	s.wg.Add(1)
-	go c.serve()
+	s.mu.Unlock()
+	// Parked at once, the connection's first request costs no goroutine
+	// either; its handshake time then needs a timer of its own.
+	if l := s.parkingLoop(); l != nil && c.raw != nil && s.handshakeTimeout > 0 {
+		c.handshakeTimer = time.AfterFunc(s.handshakeTimeout, func() { l.handshakeExpired(c) })
+	}
+	if !c.park() {
+		go c.serve()
+	}
 }
 
 // loop returns the server's event loop, nil if none was started.
