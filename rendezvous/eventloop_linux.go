@@ -10,6 +10,7 @@ import (
 	"net"
 	"os"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 	"unsafe"
@@ -45,6 +46,10 @@ type eventLoop struct {
 	parked  map[uint64]*conn // by conn.loopID
 	nextID  uint64
 	stopped bool
+
+	// What the loop did, for tests and profiles: batches it handled
+	// itself, and connections it handed to goroutines.
+	inline, handedOff atomic.Int64
 
 	// The loop goroutine's own.
 	events []unix.EpollEvent
@@ -118,6 +123,13 @@ func (l *eventLoop) run() {
 
 func eventID(ev *unix.EpollEvent) uint64 {
 	return uint64(uint32(ev.Fd)) | uint64(uint32(ev.Pad))<<32
+}
+
+// parkedConns counts the connections parked now.
+func (l *eventLoop) parkedConns() int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return len(l.parked)
 }
 
 func (l *eventLoop) isStopped() bool {
@@ -206,6 +218,7 @@ func (l *eventLoop) handOff(c *conn, preread []byte) {
 		_ = l.ctl(c, unix.EPOLL_CTL_DEL, c.loopID) // fails only if closed, which the goroutine sees
 	}
 	c.preread = preread
+	l.handedOff.Add(1)
 	go c.serve()
 }
 
@@ -296,6 +309,7 @@ func (l *eventLoop) serve(c *conn) {
 	}
 	err = l.handleBatch(c)
 	l.in.Reset(nil)
+	l.inline.Add(1)
 	if err != nil {
 		c.finish(err)
 		return
