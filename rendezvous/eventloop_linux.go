@@ -99,6 +99,7 @@ func newEventLoop(s *Server) *eventLoop {
 func (l *eventLoop) run() {
 	defer l.srv.wg.Done()
 	defer l.ep.Close()
+	defer l.stop() // if the set failed: nothing parked may be left unserved
 	for {
 		var n int
 		err := l.rc.Read(func(fd uintptr) bool {
@@ -164,21 +165,22 @@ func (l *eventLoop) park(c *conn) bool {
 		c.loopID = l.nextID
 	}
 	id := c.loopID
+	add := !c.inSet
+	c.inSet = true
 	l.parked[id] = c
 	l.mu.Unlock()
 	// Past this point c may already be another's: in the set, the loop
 	// may serve it, and a close may end it. Only id is used.
 	var err error
-	if c.inSet {
-		// Back from the loop's own serving, still in the set: only make
-		// sure no close came meanwhile, which nobody would notice now.
-		err = c.raw.Control(func(uintptr) {})
-	} else {
-		c.inSet = true
+	if add {
 		if err = l.ctl(c, unix.EPOLL_CTL_ADD, id); err != nil && l.take(id) == c {
 			c.inSet = false
 			return false
 		}
+	} else {
+		// Back from the loop's own serving, still in the set: only make
+		// sure no close came meanwhile, which nobody would notice now.
+		err = c.raw.Control(func(uintptr) {})
 	}
 	if err != nil {
 		// The loop cannot serve it (not in the set, or closed); a close or
