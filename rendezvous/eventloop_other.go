@@ -17,6 +17,8 @@ func (*eventLoop) park(*conn) bool { return false }
 
 func (*eventLoop) stop() {}
 
+func (*eventLoop) handshakeExpired(*conn) {}
+
 func (c *conn) writeNow(p []byte) (int, error) { return c.nc.Write(p) }
 
 func (c *conn) sendByte(byte) bool { return false }
