@@ -150,8 +150,15 @@ func (c *conn) flushLocked() error {
 // The caller holds wmu.
 func (c *conn) sendUnsent() error {
 	_, err := c.nc.Write(c.unsent)
-	c.unsent = nil
+	c.dropUnsent()
 	return err
+}
+
+// dropUnsent forgets what the loop left unsent, and its charge. The
+// caller holds wmu.
+func (c *conn) dropUnsent() {
+	c.srv.budget.release(int64(len(c.unsent)))
+	c.unsent = nil
 }
 
 func (c *conn) hasUnsent() bool {
@@ -451,6 +458,7 @@ func (c *conn) close() {
 		c.srv.table.cancel(w)
 	}
 	clear(c.pending)
+	c.dropUnsent()
 	if c.w.w != nil {
 		c.w.w.Reset(nil)
 		writerPool.Put(c.w.w)

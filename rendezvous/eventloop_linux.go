@@ -102,17 +102,17 @@ func (l *eventLoop) run() {
 	defer l.stop() // if the set failed: nothing parked may be left unserved
 	for {
 		var n int
+		var pollErr error
 		err := l.rc.Read(func(fd uintptr) bool {
-			var werr error
-			n, werr = epollPoll(int(fd), l.events)
-			if werr != nil {
-				n = 0
-				return werr != unix.EINTR && werr != unix.EAGAIN
+			n, pollErr = epollPoll(int(fd), l.events)
+			if pollErr == unix.EINTR {
+				n, pollErr = 0, nil
+				return true // ask again
 			}
-			return n > 0 // none ready: Go's poller waits for the set
+			return n > 0 || pollErr != nil // none ready: Go's poller waits for the set
 		})
-		if err != nil || l.isStopped() {
-			return // stop's deadline, or the set failed: Shutdown ends what is parked
+		if err != nil || pollErr != nil || l.isStopped() {
+			return // stop's deadline, or the set failed
 		}
 		for i := range l.events[:n] {
 			if c := l.take(eventID(&l.events[i])); c != nil {
@@ -309,15 +309,15 @@ func (l *eventLoop) serve(c *conn) {
 		l.in.Reset(nil)
 		return
 	}
-	err = l.handleBatch(c)
+	rest, err := l.handleBatch(c)
 	l.in.Reset(nil)
 	l.inline.Add(1)
 	if err != nil {
 		c.finish(err)
 		return
 	}
-	if c.hasUnsent() {
-		l.handOff(c, nil) // the goroutine finishes the write, blocking
+	if rest != nil || c.hasUnsent() {
+		l.handOff(c, rest) // the goroutine finishes the write, waiting
 		return
 	}
 	l.repark(c)
@@ -325,14 +325,21 @@ func (l *eventLoop) serve(c *conn) {
 
 // handleBatch handles the whole requests in l.in, then writes their
 // replies without blocking; what the socket does not take is kept in
-// c.unsent.
-func (l *eventLoop) handleBatch(c *conn) error {
+// c.unsent. Once the socket takes no more it stops: the requests left
+// (rest) go to the goroutine path, whose writes wait for the peer, so a
+// client that sends requests and reads no replies holds at most one
+// reply of them here.
+func (l *eventLoop) handleBatch(c *conn) (rest []byte, err error) {
 	c.wmu.Lock()
 	c.loopWriting = true
 	c.wmu.Unlock()
-	var err error
 	greeted := c.isHandshaken()
 	for err == nil && l.in.Buffered() > 0 {
+		if c.hasUnsent() {
+			rest, _ = l.in.Peek(l.in.Buffered())
+			rest = bytes.Clone(rest)
+			break
+		}
 		var req request
 		req, err = l.fr.readRequest(c.dialect)
 		l.fr.releaseHeld()
@@ -351,7 +358,7 @@ func (l *eventLoop) handleBatch(c *conn) error {
 	}
 	c.loopWriting = false
 	c.wmu.Unlock()
-	return err
+	return rest, err
 }
 
 func (l *eventLoop) repark(c *conn) {
@@ -406,7 +413,7 @@ func (c *conn) sendByte(b byte) bool {
 // holds wmu.
 func (c *conn) writeNow(p []byte) (int, error) {
 	if len(c.unsent) > 0 {
-		c.unsent = append(c.unsent, p...)
+		c.keepUnsent(p)
 		return len(p), nil
 	}
 	var n int
@@ -424,9 +431,16 @@ func (c *conn) writeNow(p []byte) (int, error) {
 		return 0, werr
 	}
 	if n < len(p) {
-		c.unsent = append(c.unsent, p[n:]...)
+		c.keepUnsent(p[n:])
 	}
 	return len(p), nil
+}
+
+// keepUnsent keeps p for the goroutine path to send, charged to the
+// memory budget until it is sent. The caller holds wmu.
+func (c *conn) keepUnsent(p []byte) {
+	c.srv.budget.force(int64(len(p)))
+	c.unsent = append(c.unsent, p...)
 }
 
 // loopConn is a connection's socket as the server holds it when the loop

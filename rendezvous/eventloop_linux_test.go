@@ -251,3 +251,42 @@ func TestLoopHandshakeTimeout(t *testing.T) {
 	c.send(pingV2(4))
 	c.expect(u32(4))
 }
+
+// TestLoopSlowReaderHoldsOneReply: a client that pipelines requests for
+// a large value and reads none of the replies makes the loop hand it to
+// a goroutine once the socket is full, holding at most one reply it
+// could not send; the replies then all arrive, whole and in order.
+func TestLoopSlowReaderHoldsOneReply(t *testing.T) {
+	const gets, size = 200, 1 << 20
+	srv, addr, _ := startServer(t, ServerOptions{})
+	value := bytes.Repeat([]byte("v"), size)
+	mustDo(t, srv.Store().Set(ctxTimeout(t, testTimeout), "/big", value))
+	c := dialV2(t, addr)
+	c.send(pingV2(1))
+	c.expect(u32(1))
+	l := loopOf(t, srv)
+	waitUntil(t, func() bool { return l.parkedConns() == 1 })
+	base, handedOff := srv.Stats().Memory, l.handedOff.Load()
+
+	var burst []byte
+	for range gets {
+		burst = append(burst, getV2("/big")...)
+	}
+	c.send(burst)
+	waitUntil(t, func() bool { return l.handedOff.Load() > handedOff })
+	if held := srv.Stats().PeakMemory - base; held > 2*size {
+		t.Errorf("held %d bytes for a reader that reads nothing, want at most one reply (%d)", held, size)
+	}
+	want := str(string(value))
+	for i := range gets {
+		got := make([]byte, len(want))
+		_ = c.nc.SetReadDeadline(time.Now().Add(testTimeout))
+		if _, err := io.ReadFull(c.nc, got); err != nil {
+			t.Fatalf("reply %d: %v", i, err)
+		}
+		if !bytes.Equal(got, want) {
+			t.Fatalf("reply %d differs", i)
+		}
+	}
+	waitUntil(t, func() bool { return l.parkedConns() == 1 && srv.Stats().Memory == base })
+}
