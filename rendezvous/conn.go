@@ -31,16 +31,28 @@ import (
 // were most of the server's memory. For the same reason the connection
 // keeps no logger (a zerolog context is half a KiB) and makes its map of
 // pending WAITs at its first WAIT.
+//
+// Where the system allows, a connection idle between requests holds no
+// goroutine either: it is parked in the server's event loop
+// (eventloop_linux.go), which serves whole requests itself and hands the
+// connection back to a goroutine (serve) for anything else. Exactly one
+// of the two owns the connection's reading at a time.
 type conn struct {
 	srv       *Server
 	nc        net.Conn
-	r         frameReader   // r.r is nil while idle
-	handshake *list.Element // in Server.handshaking until a valid request; guarded by Server.mu
-	opened    time.Time     // when admitted; guarded by Server.mu
+	raw       syscall.RawConn // nc's socket where the loop may park it, else nil
+	r         frameReader     // r.r is nil while idle
+	handshake *list.Element   // in Server.handshaking until a valid request; guarded by Server.mu
+	opened    time.Time       // when admitted; guarded by Server.mu
 
 	wmu     sync.Mutex
 	w       frameWriter          // w.w is nil while nothing is buffered
 	pending map[*waiter]struct{} // WAITs not yet answered, nil before the first; guarded by wmu
+	// While the loop handles a batch, writes do not wait (loopWriting);
+	// what the socket does not take waits in unsent for the goroutine
+	// path, which sends it before anything else. Guarded by wmu.
+	loopWriting bool
+	unsent      []byte
 
 	fmu      sync.Mutex
 	fired    []*waiter // released WAITs whose STOP_WAITING is owed
@@ -55,11 +67,19 @@ type conn struct {
 	idleSince  time.Time
 	nudged     bool // Shutdown set a past read deadline to wake it
 	handshaken bool // a valid first request came
+	// Ends the connection if it is still parked without a valid request
+	// when its handshake time is up (a parked connection's read deadline
+	// wakes nobody); set before it is first parked.
+	handshakeTimer *time.Timer
 
 	// Reader goroutine only (one at a time, see serve).
 	atBoundary bool    // the next byte starts a request
 	detected   bool    // dialect is known
 	dialect    Dialect // the client's, from its first bytes
+	preread    []byte  // read by the loop before it handed the connection over
+
+	loopID uint64 // the connection's key in the event loop; guarded by its mutex
+	inSet  bool   // its socket is in the loop's epoll set; its owner's
 }
 
 // Per-connection buffer sizes, kept small: torch 1.13 clients hold a second,
@@ -77,11 +97,12 @@ var (
 )
 
 func newConn(s *Server, nc net.Conn) *conn {
-	return &conn{
+	c := &conn{
 		srv: s,
-		nc:  nc,
 		r:   frameReader{lim: s.limits, mem: s.budget},
 	}
+	c.nc, c.raw = forLoop(c, nc)
+	return c
 }
 
 // logAt starts a log event about the connection.
@@ -103,7 +124,7 @@ func (c *conn) peerHost() string {
 func (c *conn) writer() *frameWriter {
 	if c.w.w == nil {
 		w := writerPool.Get().(*bufio.Writer)
-		w.Reset(c.nc)
+		w.Reset(connOut{c})
 		c.w.w = w
 	}
 	return &c.w
@@ -112,15 +133,56 @@ func (c *conn) writer() *frameWriter {
 // flushLocked sends what is buffered and gives the buffer back. The
 // caller holds wmu.
 func (c *conn) flushLocked() error {
-	w := c.w.w
-	if w == nil {
-		return nil
+	var err error
+	if w := c.w.w; w != nil {
+		err = w.Flush()
+		w.Reset(nil)
+		writerPool.Put(w)
+		c.w.w = nil
 	}
-	err := w.Flush()
-	w.Reset(nil)
-	writerPool.Put(w)
-	c.w.w = nil
+	if err == nil && !c.loopWriting && len(c.unsent) > 0 {
+		err = c.sendUnsent()
+	}
 	return err
+}
+
+// sendUnsent sends what the loop could not, waiting as long as it takes.
+// The caller holds wmu.
+func (c *conn) sendUnsent() error {
+	_, err := c.nc.Write(c.unsent)
+	c.dropUnsent()
+	return err
+}
+
+// dropUnsent forgets what the loop left unsent, and its charge. The
+// caller holds wmu.
+func (c *conn) dropUnsent() {
+	c.srv.budget.release(int64(len(c.unsent)))
+	c.unsent = nil
+}
+
+func (c *conn) hasUnsent() bool {
+	c.wmu.Lock()
+	defer c.wmu.Unlock()
+	return len(c.unsent) > 0
+}
+
+// connOut is what a connection's write buffer flushes to: the socket,
+// behind what the loop left unsent; without waiting while the loop writes.
+// Every write happens under wmu.
+type connOut struct{ c *conn }
+
+func (o connOut) Write(p []byte) (int, error) {
+	c := o.c
+	if c.loopWriting {
+		return c.writeNow(p)
+	}
+	if len(c.unsent) > 0 {
+		if err := c.sendUnsent(); err != nil {
+			return 0, err
+		}
+	}
+	return c.nc.Write(p)
 }
 
 func (c *conn) flush() error {
@@ -157,7 +219,7 @@ func (c *conn) awaitRequest() error {
 		return err
 	}
 	c.dropReader()
-	if !c.enterIdle() {
+	if c.preread == nil && !c.enterIdle() {
 		err := waitReadable(c.nc)
 		c.leaveIdle()
 		shutdownWoke := err != nil && c.srv.shuttingDown() && errors.Is(err, os.ErrDeadlineExceeded)
@@ -184,6 +246,14 @@ func (r connReader) Read(p []byte) (int, error) {
 	c := r.c
 	if err := c.flush(); err != nil {
 		return 0, err
+	}
+	if len(c.preread) > 0 {
+		n := copy(p, c.preread)
+		if c.preread = c.preread[n:]; len(c.preread) == 0 {
+			c.preread = nil
+		}
+		c.atBoundary = false
+		return n, nil
 	}
 	if !c.atBoundary {
 		return c.nc.Read(p) // inside a request: finish it
@@ -271,6 +341,9 @@ func (c *conn) handshook() {
 	if !c.nudged {
 		_ = c.nc.SetReadDeadline(time.Time{})
 	}
+	if c.handshakeTimer != nil {
+		c.handshakeTimer.Stop()
+	}
 	c.smu.Unlock()
 	c.srv.handshook(c)
 }
@@ -290,14 +363,15 @@ func (c *conn) idleFor(now time.Time) (time.Duration, bool) {
 }
 
 // serve waits for the connection's next requests and handles them, in a
-// goroutine of its own (the server counts it in wg). When it has to wait
-// again it hands the connection to a fresh goroutine and returns: a
-// goroutine's stack grows while it handles requests and shrinks only at
-// a collection that finds it idle, so a goroutine started to wait holds
-// the least stack (2 KiB where one that served requests kept 4 or more),
-// at the cost of starting one per exchange with the client.
+// goroutine of its own. The server counts the connection, not the
+// goroutine, in wg: one count from admission to finish. When it has to
+// wait again it parks the connection in the event loop, or, where there
+// is none, hands it to a fresh goroutine and returns: a goroutine's stack
+// grows while it handles requests and shrinks only at a collection that
+// finds it idle, so a goroutine started to wait holds the least stack
+// (2 KiB where one that served requests kept 4 or more), at the cost of
+// starting one per exchange with the client.
 func (c *conn) serve() {
-	defer c.srv.wg.Done()
 	err := c.awaitRequest()
 	if err == nil && !c.detected {
 		c.detected = true
@@ -309,9 +383,43 @@ func (c *conn) serve() {
 		err = c.serveBuffered()
 	}
 	if err == nil {
-		c.srv.wg.Add(1)
-		go c.serve()
+		err = c.flush()
+	}
+	if err == nil {
+		c.dropReader()
+		if !c.park() {
+			go c.serve()
+		}
 		return
+	}
+	c.finish(err)
+}
+
+// park hands the connection, idle and holding no buffer, to the event
+// loop, and reports whether the loop took it. A connection fresh from
+// accept is parked, its handshake time kept by a timer (startConn); one
+// that has spoken is parked only past its handshake, which the goroutine
+// path's read deadline keeps. During Shutdown it stays on that path,
+// which drains it.
+func (c *conn) park() bool {
+	if c.raw == nil || (c.detected && !c.isHandshaken()) {
+		return false
+	}
+	l := c.srv.parkingLoop()
+	if l == nil || c.enterIdle() {
+		return false
+	}
+	if l.park(c) {
+		return true
+	}
+	c.leaveIdle()
+	return false
+}
+
+// finish ends the connection for err, its owner's last act.
+func (c *conn) finish(err error) {
+	if c.handshakeTimer != nil {
+		c.handshakeTimer.Stop()
 	}
 	if errors.Is(err, errServerClosing) {
 		_ = c.flush()
@@ -319,12 +427,13 @@ func (c *conn) serve() {
 	c.logEnd(c.dialect, err)
 	c.dropReader()
 	c.close()
+	c.srv.wg.Done()
 }
 
 // serveBuffered handles requests until no byte of another has arrived.
 func (c *conn) serveBuffered() error {
 	for {
-		if c.atBoundary = c.r.r.Buffered() == 0; c.atBoundary {
+		if c.atBoundary = c.r.r.Buffered() == 0 && c.preread == nil; c.atBoundary {
 			return nil
 		}
 		req, err := c.r.readRequest(c.dialect)
@@ -349,6 +458,7 @@ func (c *conn) close() {
 		c.srv.table.cancel(w)
 	}
 	clear(c.pending)
+	c.dropUnsent()
 	if c.w.w != nil {
 		c.w.w.Reset(nil)
 		writerPool.Put(c.w.w)
@@ -553,10 +663,14 @@ func (c *conn) wait(keys []string) error {
 }
 
 // fire is called by the table, under its lock, when one of this
-// connection's waiters is released by the keys it waited for. It queues
-// the STOP_WAITING for a flusher goroutine, starting one if none runs:
+// connection's waiters is released by the keys it waited for. It sends
+// the STOP_WAITING at once if it can without waiting (answerNow), else
+// queues it for a flusher goroutine, starting one if none runs:
 // goroutines follow wake-ups, not waits.
 func (c *conn) fire(w *waiter) {
+	if c.answerNow(w) {
+		return
+	}
 	c.fmu.Lock()
 	defer c.fmu.Unlock()
 	c.fired = append(c.fired, w)
@@ -565,6 +679,31 @@ func (c *conn) fire(w *waiter) {
 		c.srv.wg.Add(1)
 		go c.flushFired()
 	}
+}
+
+// answerNow writes w's STOP_WAITING straight to the socket if nothing
+// else is being written on the connection (wmu free, no reply buffered or
+// unsent, no STOP_WAITING queued before it) and the socket takes the byte
+// without waiting. A barrier releases every rank at once: answered here,
+// each costs one write instead of a flusher goroutine. It only tries
+// wmu, which the table's lock, held here, may not wait for.
+func (c *conn) answerNow(w *waiter) bool {
+	if c.raw == nil || !c.wmu.TryLock() {
+		return false
+	}
+	defer c.wmu.Unlock()
+	if _, ok := c.pending[w]; !ok || c.w.w != nil || len(c.unsent) > 0 {
+		return false
+	}
+	c.fmu.Lock()
+	queued := c.flushing || len(c.fired) > 0
+	c.fmu.Unlock()
+	if queued || !c.sendByte(stopWaiting) {
+		return false
+	}
+	delete(c.pending, w)
+	c.holds.Add(-1)
+	return true
 }
 
 // flushFired sends the STOP_WAITINGs owed for fired waiters until none

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"net"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/rs/zerolog"
@@ -102,8 +103,10 @@ type Server struct {
 	addr      net.Addr
 	conns     map[*conn]struct{}
 	shutdown  bool
-	done      chan struct{} // closed when shutdown begins
-	wg        sync.WaitGroup
+	done      chan struct{}  // closed when shutdown begins
+	wg        sync.WaitGroup // connections, the event loop, flushers and pushers
+	loopTried bool           // parkingLoop tried to start the loop; guarded by mu
+	evloop    atomic.Pointer[eventLoop]
 }
 
 // NewServer returns a Server with an empty store.
@@ -191,14 +194,45 @@ func (s *Server) shuttingDown() bool {
 func (s *Server) startConn(nc net.Conn) {
 	c := newConn(s, nc)
 	s.mu.Lock()
-	defer s.mu.Unlock()
 	if s.shutdown || !s.admitLocked(c) {
+		s.mu.Unlock()
 		nc.Close()
 		return
 	}
 	s.conns[c] = struct{}{}
 	s.wg.Add(1)
-	go c.serve()
+	s.mu.Unlock()
+	// Parked at once, the connection's first request costs no goroutine
+	// either; its handshake time then needs a timer of its own.
+	if l := s.parkingLoop(); l != nil && c.raw != nil && s.handshakeTimeout > 0 {
+		c.handshakeTimer = time.AfterFunc(s.handshakeTimeout, func() { l.handshakeExpired(c) })
+	}
+	if !c.park() {
+		go c.serve()
+	}
+}
+
+// loop returns the server's event loop, nil if none was started.
+func (s *Server) loop() *eventLoop { return s.evloop.Load() }
+
+// parkingLoop returns the event loop that idle connections park in,
+// starting it at the first park; nil where there is none, or once
+// Shutdown has begun.
+func (s *Server) parkingLoop() *eventLoop {
+	if l := s.evloop.Load(); l != nil {
+		return l
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.shutdown || s.loopTried {
+		return s.evloop.Load()
+	}
+	s.loopTried = true
+	l := newEventLoop(s)
+	if l != nil {
+		s.evloop.Store(l)
+	}
+	return l
 }
 
 func (s *Server) forgetConn(c *conn) {
@@ -258,6 +292,9 @@ func (s *Server) beginShutdown(stop func(*conn)) error {
 	}
 	for c := range s.conns {
 		stop(c)
+	}
+	if l := s.evloop.Load(); l != nil {
+		l.stop() // its parked connections go to goroutines that see the shutdown
 	}
 	return errors.Join(errs...)
 }
