@@ -114,6 +114,9 @@ def render(result):
                 continue
             ms = m["ms/round"]
             cpu = f"{m['cpu-ms/round']:.0f}" if "cpu-ms/round" in m else "-"
+            if "cpu-s/round" in m:
+                # The nodes' processor time, and the etcd members'.
+                cpu = f"{m['cpu-s/round'] * 1e3:.0f} + etcd {m.get('etcd-cpu-s/round', 0) * 1e3:.0f}"
             reqs = f"{m['requests/node']:.1f}" if "requests/node" in m else "-"
             allocs = f"{m.get('allocs/op', 0):,.0f}"
             lines.append(f"| {backend} | {int(n):,} | {ms:.0f} | {ms * 1e3 / int(n):.0f} | {cpu} | {reqs} | {allocs} |")
