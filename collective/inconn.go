@@ -10,6 +10,8 @@ import (
 	"sync/atomic"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/gorun/gorun/internal/rawio"
 )
 
 // inConn is the receiving end of one peer's connection: a parser that
@@ -290,7 +292,7 @@ func (rd *reader) fill() error {
 // being filled, so that whoever reads next sees it.
 func (rd *reader) read(p []byte) (int, error) {
 	for {
-		n, err := readNonblocking(rd.ic.fd, p)
+		n, err := rawio.Read(rd.ic.fd, p)
 		switch {
 		case err == unix.EINTR:
 			continue

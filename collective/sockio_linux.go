@@ -29,18 +29,6 @@ func (s *socketSet) readable() uint32 {
 	return s.ready(int(n))
 }
 
-// readNonblocking is read(2) on a non-blocking descriptor.
-func readNonblocking(fd int, p []byte) (int, error) {
-	if len(p) == 0 {
-		return 0, nil
-	}
-	n, _, errno := unix.RawSyscall(unix.SYS_READ, uintptr(fd), uintptr(unsafe.Pointer(&p[0])), uintptr(len(p)))
-	if errno != 0 {
-		return 0, errno
-	}
-	return int(n), nil
-}
-
 // writevNonblocking is writev(2) on a non-blocking descriptor; iov is
 // not empty.
 func writevNonblocking(fd int, iov []unix.Iovec) (int, unix.Errno) {

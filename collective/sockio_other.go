@@ -20,11 +20,6 @@ func (s *socketSet) readable() uint32 {
 	return s.ready(n)
 }
 
-// readNonblocking is read(2) on a non-blocking descriptor.
-func readNonblocking(fd int, p []byte) (int, error) {
-	return unix.Read(fd, p)
-}
-
 // writevNonblocking is writev(2) on a non-blocking descriptor; iov is
 // not empty.
 func writevNonblocking(fd int, iov []unix.Iovec) (int, unix.Errno) {

@@ -16,6 +16,8 @@ import (
 	"unsafe"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/gorun/gorun/internal/rawio"
 )
 
 // eventLoop serves the connections idle between requests without a
@@ -377,7 +379,7 @@ func (r readOnce) Read(p []byte) (int, error) {
 	var n int
 	var rerr error
 	if err := r.c.raw.Read(func(fd uintptr) bool {
-		n, rerr = rawRead(int(fd), p)
+		n, rerr = rawio.Read(int(fd), p)
 		return true
 	}); err != nil {
 		return 0, err
@@ -400,7 +402,7 @@ func (c *conn) sendByte(b byte) bool {
 	var n int
 	var werr error
 	if err := c.raw.Write(func(fd uintptr) bool {
-		n, werr = rawWrite(int(fd), p[:])
+		n, werr = rawio.Write(int(fd), p[:])
 		return true
 	}); err != nil || werr != nil {
 		return false
@@ -419,7 +421,7 @@ func (c *conn) writeNow(p []byte) (int, error) {
 	var n int
 	var werr error
 	if err := c.raw.Write(func(fd uintptr) bool {
-		n, werr = rawWrite(int(fd), p)
+		n, werr = rawio.Write(int(fd), p)
 		return true
 	}); err != nil {
 		return 0, err
@@ -477,31 +479,7 @@ func forLoop(c *conn, nc net.Conn) (net.Conn, syscall.RawConn) {
 }
 
 // The loop's system calls never block (nonblocking sockets, epoll_wait
-// with no timeout), so they are made raw: without telling the scheduler,
-// which would otherwise hand the processor off and wake sysmon for each
-// of the thousands a job's init makes.
-
-func rawRead(fd int, p []byte) (int, error) {
-	if len(p) == 0 {
-		return 0, nil
-	}
-	n, _, errno := unix.RawSyscall(unix.SYS_READ, uintptr(fd), uintptr(unsafe.Pointer(&p[0])), uintptr(len(p)))
-	if errno != 0 {
-		return 0, errno
-	}
-	return int(n), nil
-}
-
-func rawWrite(fd int, p []byte) (int, error) {
-	if len(p) == 0 {
-		return 0, nil
-	}
-	n, _, errno := unix.RawSyscall(unix.SYS_WRITE, uintptr(fd), uintptr(unsafe.Pointer(&p[0])), uintptr(len(p)))
-	if errno != 0 {
-		return 0, errno
-	}
-	return int(n), nil
-}
+// with no timeout), so they are made raw (internal/rawio says why).
 
 // epollPoll returns the events ready now, without waiting.
 func epollPoll(epfd int, events []unix.EpollEvent) (int, error) {

@@ -1,3 +1,5 @@
+//go:build linux
+
 // Command storefloor is the least a TCPStore server can do for torch
 // 1.13's init pattern, as a floor to measure gorun's store against
 // (bench/scale_store.py): one thread, one epoll set, a map, nothing
