@@ -171,20 +171,27 @@ func checkMovement(t *testing.T, comms []Comm, dt DType, count int, seed uint64)
 		bufs[r] = make([]byte, total(recvCounts)*es)
 		return c.AllToAll(ctx, bufs[r], sendData[r], dt, sendCounts, recvCounts)
 	}))
-	for r := range n {
+	checkAllToAllPieces(t, "all_to_all "+what, bufs, sendData, pair, es)
+}
+
+// checkAllToAllPieces checks what an all_to_all brought every rank r
+// (outs[r]) against what each rank j sent it (ins[j]), pair(from, to)
+// elements of es bytes from each to each.
+func checkAllToAllPieces(t *testing.T, what string, outs, ins [][]byte, pair func(from, to int) int, es int) {
+	t.Helper()
+	for r := range outs {
 		off := 0
-		for j := range n {
+		for j := range ins {
 			// rank j's piece for r starts after its pieces for 0..r-1.
 			from := 0
 			for k := range r {
 				from += pair(j, k) * es
 			}
-			w := sendData[j][from : from+pair(j, r)*es]
-			got := bufs[r][off : off+len(w)]
-			if !bytes.Equal(got, w) {
-				t.Fatalf("all_to_all %s: rank %d's piece from %d: %s", what, r, j, firstDiff(got, w))
+			want := ins[j][from : from+pair(j, r)*es]
+			if got := outs[r][off : off+len(want)]; !bytes.Equal(got, want) {
+				t.Fatalf("%s: rank %d's piece from %d: %s", what, r, j, firstDiff(got, want))
 			}
-			off += len(w)
+			off += len(want)
 		}
 	}
 }

@@ -234,20 +234,7 @@ func TestHierarchicalAllToAll(t *testing.T) {
 						outs[r] = make([]byte, recvs*es)
 						return c.AllToAll(ctx, outs[r], ins[r], dt, sendCounts, recvCounts)
 					}))
-					for r := range n {
-						off := 0
-						for j := range n {
-							from := 0
-							for k := range r {
-								from += pair(j, k) * es
-							}
-							want := ins[j][from : from+pair(j, r)*es]
-							if got := outs[r][off : off+len(want)]; !bytes.Equal(got, want) {
-								t.Fatalf("%s %v: rank %d's piece from %d: %s", name, dt, r, j, firstDiff(got, want))
-							}
-							off += len(want)
-						}
-					}
+					checkAllToAllPieces(t, fmt.Sprintf("%s %v", name, dt), outs, ins, pair, es)
 				}
 			}
 		})
