@@ -259,6 +259,76 @@ class Hosts:
                 'hostname "$0" && exec "$@"', self.ns(i)] + argv
 
 
+# --- what TCP itself moves ------------------------------------------------
+
+# Run in every host: take CEILING_STREAMS connections from the previous
+# host, open as many to the next, send for the given seconds, and print
+# the bytes per second received meanwhile.
+CEILING_PROG = r"""
+import socket, sys, threading, time
+peer, secs, streams = sys.argv[1], float(sys.argv[2]), int(sys.argv[3])
+got = [0]
+def drain(c):
+    while True:
+        b = c.recv(1 << 20)
+        if not b:
+            return
+        got[0] += len(b)
+ls = socket.socket()
+ls.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+ls.bind(("0.0.0.0", 5201))
+ls.listen(streams)
+def take():
+    for _ in range(streams):
+        threading.Thread(target=drain, args=(ls.accept()[0],), daemon=True).start()
+threading.Thread(target=take, daemon=True).start()
+out = []
+for _ in range(streams):
+    for _ in range(200):
+        try:
+            out.append(socket.create_connection((peer, 5201)))
+            break
+        except OSError:
+            time.sleep(0.05)
+    else:
+        sys.exit("no connection to " + peer)
+def send(c, end):
+    buf = b"x" * (1 << 20)
+    try:
+        while time.monotonic() < end:
+            c.sendall(buf)
+    except OSError:
+        pass  # the next host counted what it needed and left
+end = time.monotonic() + 1 + secs
+for c in out:
+    threading.Thread(target=send, args=(c, end), daemon=True).start()
+time.sleep(0.5)  # every host sending before the count starts
+g0, t0 = got[0], time.monotonic()
+time.sleep(secs)
+print((got[0] - g0) / (time.monotonic() - t0))
+"""
+CEILING_STREAMS = 4
+
+
+def tcp_ceiling(net, seconds=3.0):
+    """What TCP itself moves over the shaped links with every link busy
+    both ways (each host sends to the next, the last to the first; on 2
+    hosts, each to the other), as iperf would measure it: the least any
+    host received per second, over the rate. Headers (Ethernet, IP, TCP)
+    and the acknowledgements going the other way take the rest: no
+    collective can beat it."""
+    procs = [subprocess.Popen(net.inside(i, [PY, "-c", CEILING_PROG, net.addr((i + 1) % net.n), str(seconds),
+                                             str(CEILING_STREAMS)]), stdout=subprocess.PIPE, text=True)
+             for i in range(net.n)]
+    got = []
+    for p in procs:
+        out, _ = p.communicate(timeout=seconds + 30)
+        if p.returncode != 0:
+            raise RuntimeError(f"links: the TCP ceiling's sender exited {p.returncode}")
+        got.append(float(out.strip()))
+    return min(got) / rate_bytes(net.rate)
+
+
 # --- one measurement ------------------------------------------------------
 
 def clean_env(**extra):
@@ -522,7 +592,8 @@ def run(rounds, quick=False, hosts=HOSTS, ops=OPS, sizes=None, rate=RATE, system
     net = Hosts(prefix, subnet)
     runner = Runner(net, gorun_bin, quick, btl)
     result = {"rate": rate, "hosts": list(hosts), "ops": list(ops), "sizes": list(sizes), "rounds": rounds,
-              "per_host": PER_HOST, "load_start": os.getloadavg()[0], "times": [], "notes": {}, "rate_check": [], "drops": {}}
+              "per_host": PER_HOST, "load_start": os.getloadavg()[0], "times": [], "notes": {}, "rate_check": [], "drops": {},
+              "ceiling": {}}
     began = time.monotonic()
 
     def stop(signum, _frame):
@@ -532,6 +603,8 @@ def run(rounds, quick=False, hosts=HOSTS, ops=OPS, sizes=None, rate=RATE, system
     try:
         for h in hosts:
             net.setup(h, rate)
+            result["ceiling"][str(h)] = tcp_ceiling(net)
+            log(f"[links {h} hosts] TCP moves {result['ceiling'][str(h)]:.1%} of the rate")
             for r in range(rounds):
                 for op in ops:
                     names = [s for s in systems_for(op) if (not systems or s in systems) and
@@ -686,6 +759,12 @@ class Table:
                 lines.append("")
             lines += self.algo_bounds(hosts) + [""]
         lines += self.rate_lines(verdicts)
+        ceiling = res.get("ceiling") or {}
+        if ceiling:
+            lines.append("What TCP itself moves over these links, every link busy both ways (iperf's way, "
+                         f"{CEILING_STREAMS} streams per host): " +
+                         ", ".join(f"{c:.1%} of the rate on {h} hosts" for h, c in ceiling.items()) +
+                         "; headers and acknowledgements take the rest, so no collective reaches more of the bound.")
         drops = res.get("drops") or {}
         if drops:
             lines.append("Packets the shapers dropped over the run: " +

@@ -154,7 +154,7 @@ func (x *railReduce) run() error {
 		// The first piece's first chunk and part are the longest.
 		chunk := x.chunksOf(x.piece(0)).len
 		part := x.part(chunk, 0).len
-		for i := range railDepth {
+		for i := range min(railDepth, x.pieces) {
 			x.hostSum[i] = x.ro.scratch(chunk)
 			x.operands[i] = x.ro.scratch(part * x.rv.size())
 			if len(x.posted[i]) < x.rv.size() {
