@@ -315,8 +315,9 @@ def tcp_ceiling(net, seconds=3.0):
     both ways (each host sends to the next, the last to the first; on 2
     hosts, each to the other), as iperf would measure it: the least any
     host received per second, over the rate. Headers (Ethernet, IP, TCP)
-    and the acknowledgements going the other way take the rest: no
-    collective can beat it."""
+    and the acknowledgements going the other way take the rest, so a
+    collective over TCP comes near it at best (within a point or two,
+    with another number of streams)."""
     procs = [subprocess.Popen(net.inside(i, [PY, "-c", CEILING_PROG, net.addr((i + 1) % net.n), str(seconds),
                                              str(CEILING_STREAMS)]), stdout=subprocess.PIPE, text=True)
              for i in range(net.n)]
@@ -764,7 +765,7 @@ class Table:
             lines.append("What TCP itself moves over these links, every link busy both ways (iperf's way, "
                          f"{CEILING_STREAMS} streams per host): " +
                          ", ".join(f"{c:.1%} of the rate on {h} hosts" for h, c in ceiling.items()) +
-                         "; headers and acknowledgements take the rest, so no collective reaches more of the bound.")
+                         "; headers and acknowledgements take the rest, so a collective over TCP comes near that share of the bound at best.")
         drops = res.get("drops") or {}
         if drops:
             lines.append("Packets the shapers dropped over the run: " +
