@@ -39,7 +39,9 @@ func TestKeeperKillsWorkerTreeWhenAgentIsKilled(t *testing.T) {
 		t.Fatal(err)
 	}
 	agent.Wait()
-	waitGone(t, 2*time.Second, pids...)
+	// A bound for a hang: the keeper itself lives on for up to
+	// keeperSweepWait while the killed groups end, and then sweeps.
+	waitGone(t, keeperSweepWait+5*time.Second, pids...)
 }
 
 // readPids reads "<name> <pid>" lines until it has every name.
