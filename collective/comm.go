@@ -51,7 +51,10 @@ type TCPOptions struct {
 	// Streams is how many TCP connections each way this rank asks for
 	// with each peer on another host (or with every peer, when TCP is
 	// forced), 1 to 16; a pair uses the fewer of what its two ends ask.
-	// Zero means the default, 4 (GORUN_TCP_STREAMS).
+	// Zero (GORUN_TCP_STREAMS unset) asks for 4 when this rank is alone
+	// on its host, and else for 4 shared among its host's connections to
+	// the other hosts, one per rank here and host there, at least 1
+	// (streamsAsked).
 	Streams int
 	// HostID names this rank's host (GORUN_HOST_ID): ranks that give the
 	// same one share memory and Unix sockets. Empty means the boot id and
@@ -202,13 +205,10 @@ func NewTCP(ctx context.Context, store rendezvous.Store, rank, size int, opts TC
 	return world, nil
 }
 
-// checkStreams is the TCP streams asked for: n, or defaultStreams when
-// zero.
+// checkStreams is the TCP streams asked for: n, or 0 to let
+// streamsAsked choose.
 func checkStreams(n int) (int, error) {
-	if n == 0 {
-		return defaultStreams, nil
-	}
-	if n < 1 || n > maxStreams {
+	if n < 0 || n > maxStreams {
 		return 0, fmt.Errorf("collective: %d TCP streams per peer: want 1 to %d", n, maxStreams)
 	}
 	return n, nil

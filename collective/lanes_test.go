@@ -2,6 +2,7 @@ package collective
 
 import (
 	"context"
+	"fmt"
 	"net"
 	"strings"
 	"testing"
@@ -17,7 +18,7 @@ func TestCheckStreams(t *testing.T) {
 		n, want int
 		err     string
 	}{
-		{0, defaultStreams, ""},
+		{0, 0, ""}, // streamsAsked chooses
 		{1, 1, ""},
 		{16, 16, ""},
 		{17, 0, "want 1 to 16"},
@@ -57,6 +58,61 @@ func TestTransportMode(t *testing.T) {
 		if got != tc.want || (err == nil) != (tc.err == "") || (err != nil && !strings.Contains(err.Error(), tc.err)) {
 			t.Errorf("Transport %q, TCPOnly %v: %q, %v; want %q, error %q", tc.transport, tc.tcpOnly, got, err, tc.want, tc.err)
 		}
+	}
+}
+
+// TestStreamsAsked: a rank asks for what it named; else, alone on its
+// host or with hosts unknown, for defaultStreams; else for
+// defaultStreams shared among its host's connections to the other hosts
+// (a rank here and a host there each), at least one.
+func TestStreamsAsked(t *testing.T) {
+	for _, tc := range []struct {
+		named, hostRanks, hosts, want int
+	}{
+		{0, 0, 0, defaultStreams},
+		{0, 1, 2, defaultStreams},
+		{0, 1, 8, defaultStreams},
+		{0, 2, 1, defaultStreams},
+		{0, 2, 2, 2},
+		{0, 4, 2, 1},
+		{0, 2, 4, 1},
+		{0, 8, 64, 1},
+		{3, 8, 64, 3},
+		{16, 1, 2, 16},
+	} {
+		if got := streamsAsked(localInfo{hostID: "h", streams: tc.named}, tc.hostRanks, tc.hosts); got != tc.want {
+			t.Errorf("named %d, %d ranks on the host, %d hosts: %d streams; want %d", tc.named, tc.hostRanks, tc.hosts, got, tc.want)
+		}
+	}
+}
+
+// TestStreamsByHost: with no number named, ranks on different hosts get
+// the fewer streams of the two ends' shares (streamsAsked); the
+// collectives stay right on them.
+func TestStreamsByHost(t *testing.T) {
+	for _, tc := range []struct {
+		hosts []int
+		opts  TCPOptions
+		want  [][]int // lanes from rank r to each peer; 1 on the same host
+	}{
+		{[]int{0, 1}, TCPOptions{}, [][]int{{0, 4}, {4, 0}}},
+		{[]int{0, 0, 1, 1}, TCPOptions{}, [][]int{{0, 1, 2, 2}, {1, 0, 2, 2}, {2, 2, 0, 1}, {2, 2, 1, 0}}},
+		{[]int{0, 0, 0, 1}, TCPOptions{}, [][]int{{0, 1, 1, 1}, {1, 0, 1, 1}, {1, 1, 0, 1}, {1, 1, 1, 0}}},
+		{[]int{0, 0, 1, 1, 2, 2}, TCPOptions{}, [][]int{{0, 1, 1, 1, 1, 1}, {1, 0, 1, 1, 1, 1}, {1, 1, 0, 1, 1, 1}, {1, 1, 1, 0, 1, 1}, {1, 1, 1, 1, 0, 1}, {1, 1, 1, 1, 1, 0}}},
+		{[]int{0, 0}, TCPOptions{TCPOnly: true}, [][]int{{0, 4}, {4, 0}}},
+		{[]int{0, 0, 1, 1}, TCPOptions{Streams: 3}, [][]int{{0, 1, 3, 3}, {1, 0, 3, 3}, {3, 3, 0, 1}, {3, 3, 1, 0}}},
+	} {
+		t.Run(fmt.Sprint(tc.hosts, tc.opts.TCPOnly, tc.opts.Streams), func(t *testing.T) {
+			comms := hostsWorld(t, tc.hosts, tc.opts)
+			checkReductions(t, comms, Float32, Sum, 3<<18, 21)
+			for r, c := range comms {
+				for p, want := range tc.want[r] {
+					if got := c.(*comm).t.peers[p].lanes; p != r && got != want {
+						t.Errorf("rank %d: %d lanes to rank %d; want %d", r, got, p, want)
+					}
+				}
+			}
+		})
 	}
 }
 

@@ -60,7 +60,8 @@
 //	                                                                    address of the host name, else 127.0.0.1
 //	same-host path    WithTransport   GORUN_TCP_ONLY=1 (tcp), else      auto
 //	                                  GORUN_TRANSPORT
-//	TCP streams       WithTCPStreams  GORUN_TCP_STREAMS                 4
+//	TCP streams       WithTCPStreams  GORUN_TCP_STREAMS                 4 alone on a host, else 4 shared
+//	                                                                    among its links' connections
 //	algorithm         -               GORUN_ALGO                        auto (by size)
 //	host identity     -               GORUN_HOST_ID                     boot id and host name
 //	GPU libraries     -               GORUN_CUDA_LIBRARY,               the loader's path, then

@@ -90,7 +90,9 @@ func WithHost(host string) Option { return func(c *config) { c.host = host } }
 func WithTransport(mode string) Option { return func(c *config) { c.transport = mode } }
 
 // WithTCPStreams sets how many TCP connections each way a rank asks for
-// with each peer on another host, 1 to 16 (default 4), instead of
+// with each peer on another host, 1 to 16 (default 4 for a rank alone on
+// its host, else 4 shared among the host's connections to the other
+// hosts, at least 1: collective.TCPOptions.Streams), instead of
 // GORUN_TCP_STREAMS.
 func WithTCPStreams(n int) Option { return func(c *config) { c.streams = n } }
 
