@@ -30,11 +30,18 @@ func (c *comm) Broadcast(ctx context.Context, buf []byte, dt DType, root int) er
 		return c.end(o, o.broadcastHierarchical(buf, root))
 	}
 	var kids [bits.UintSize]int
-	parent, children := binomialTree(c.rank, root, c.size(), kids[:0])
-	if algo == algoChain {
-		parent, children = chain(c.rank, root, c.size(), kids[:0])
-	}
+	parent, children := broadcastRoute(algo, c.rank, root, c.size(), kids[:0])
 	return c.end(o, o.broadcast(buf, parent, children))
+}
+
+// broadcastRoute gives rank's parent and children in a broadcast from
+// root among n ranks: down a pipelined chain for algoChain, else down a
+// binomial tree. The children are appended to children.
+func broadcastRoute(algo algorithm, rank, root, n int, children []int) (parent int, _ []int) {
+	if algo == algoChain {
+		return chain(rank, root, n, children)
+	}
+	return binomialTree(rank, root, n, children)
 }
 
 func (c *comm) checkRoot(what string, root int) error {

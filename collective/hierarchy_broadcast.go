@@ -6,7 +6,7 @@ package collective
 // carries one piece while the hosts copy another. A leader posts the
 // receives of every piece first, and forwards each segment as it lands.
 // The leaders pass it down a binomial tree (log2 H hops) up to
-// broadcastTreeMax, down a chain above, as the flat broadcast does: down
+// broadcastTreeMax, down a chain above, as the flat broadcast chooses: down
 // the tree the root's leader sends the whole buffer to log2 H children
 // over its one link, which halved the bound on 4 hosts (48% of it at 1
 // and 16 MiB, shaped to 500 Mbit/s), where down the chain every link
@@ -57,11 +57,8 @@ func (x *hierBroadcast) run() error {
 	var children []int
 	var incoming [hierPieces][]*recvReq
 	if x.lo != nil {
-		if len(x.buf) <= broadcastTreeMax {
-			parent, children = binomialTree(x.lv.rank, x.rootHost, x.lv.size(), kids[:0])
-		} else {
-			parent, children = chain(x.lv.rank, x.rootHost, x.lv.size(), kids[:0])
-		}
+		algo := chooseBroadcast(x.lv.topology(), len(x.buf)) // the leaders share no memory: tree or chain
+		parent, children = broadcastRoute(algo, x.lv.rank, x.rootHost, x.lv.size(), kids[:0])
 		if !x.onRootHost {
 			for p := range x.pieces {
 				pc := x.piece(p)

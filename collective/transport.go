@@ -572,12 +572,13 @@ func (t *transport) setLanes(peers []localInfo) {
 	}
 	asked := func(p localInfo) int { return streamsAsked(p, onHost[p.hostID], len(onHost)) }
 	me := peers[t.rank]
+	mine := asked(me)
 	for i, p := range peers {
 		t.peers[i].remote = remoteHost(me.hostID, p.hostID)
 		if p.hostID != "" && p.hostID == me.hostID {
 			continue
 		}
-		t.peers[i].lanes = min(asked(me), asked(p))
+		t.peers[i].lanes = min(mine, asked(p))
 	}
 }
 
