@@ -11,6 +11,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/gorun/gorun/rendezvous/internal/jobstate"
 	"github.com/rs/zerolog"
 )
 
@@ -189,10 +190,10 @@ type Dynamic struct {
 
 	mu     sync.Mutex
 	closed bool
-	left   bool        // Leave was called: Close says nothing more
-	round  *RoundInfo  // the latest round this node took part in
-	state  jobState    // the job state that opened it
-	watch  *roundWatch // that round's heartbeats; nil once stopped
+	left   bool           // Leave was called: Close says nothing more
+	round  *RoundInfo     // the latest round this node took part in
+	state  jobstate.State // the job state that opened it
+	watch  *roundWatch    // that round's heartbeats; nil once stopped
 	// abandoned is where this node arrived in a round that its caller
 	// gave up joining (Next's ctx ended): the next Next, Leave or Close
 	// withdraws it, each within its own bound.
@@ -201,7 +202,7 @@ type Dynamic struct {
 
 // arrival is this node's arrival, idx-th, in the round that st opened.
 type arrival struct {
-	st  jobState
+	st  jobstate.State
 	idx int
 }
 
@@ -333,7 +334,7 @@ func (d *Dynamic) Next(ctx context.Context) (*Round, error) {
 	}
 	deadline := o.Now().Add(o.JoinTimeout)
 	for {
-		if st.end != running {
+		if st.End != jobstate.Running {
 			return nil, d.overError(ctx, st)
 		}
 		idx, v, err := d.join(ctx, st, deadline)
@@ -348,11 +349,11 @@ func (d *Dynamic) Next(ctx context.Context) (*Round, error) {
 			}
 			// A participant never registered; the round is gone.
 		case v.timedOut:
-			w := d.waiting(ctx, st.round, idx, v.arrivals, 0, "join timeout")
+			w := d.waiting(ctx, st.Round, idx, v.arrivals, 0, "join timeout")
 			return nil, fmt.Errorf("%w after %v: %d of min %d nodes joined round %d; missing: %s",
-				ErrJoinTimeout, o.JoinTimeout, v.arrivals, o.MinNodes, st.round, w.MissingText())
+				ErrJoinTimeout, o.JoinTimeout, v.arrivals, o.MinNodes, st.Round, w.MissingText())
 		case v.n == o.MaxNodes:
-			d.log.Info().Int("round", st.round).Msg("round is full: waiting as a spare")
+			d.log.Info().Int("round", st.Round).Msg("round is full: waiting as a spare")
 			if err := d.awaitNextRound(ctx, st); err != nil {
 				return nil, err
 			}
@@ -360,9 +361,9 @@ func (d *Dynamic) Next(ctx context.Context) (*Round, error) {
 			deadline = o.Now().Add(o.JoinTimeout)
 		default:
 			reason := fmt.Sprintf("node %s on %s waits to join (round %d has %d of max %d nodes)",
-				o.NodeID, o.Host, st.round, v.n, o.MaxNodes)
-			if _, err := d.job.advance(ctx, st, st.next(st.restarts, running), reason); err != nil {
-				return nil, fmt.Errorf("rendezvous: open the round after %d: %w", st.round, err)
+				o.NodeID, o.Host, st.Round, v.n, o.MaxNodes)
+			if _, err := d.job.advance(ctx, st, st.Next(st.Restarts, jobstate.Running), reason); err != nil {
+				return nil, fmt.Errorf("rendezvous: open the round after %d: %w", st.Round, err)
 			}
 		}
 		if st, err = d.job.state(ctx); err != nil {
@@ -391,7 +392,7 @@ func (d *Dynamic) begin(ctx context.Context) (context.Context, func(), error) {
 
 // leaveRound stops this node's part in its round, opening a new round if
 // that one is still current, and returns the job's state.
-func (d *Dynamic) leaveRound(ctx context.Context) (jobState, error) {
+func (d *Dynamic) leaveRound(ctx context.Context) (jobstate.State, error) {
 	d.mu.Lock()
 	prev, prevState := d.round, d.state
 	d.stopWatchLocked()
@@ -403,7 +404,7 @@ func (d *Dynamic) leaveRound(ctx context.Context) (jobState, error) {
 	}
 	reason := fmt.Sprintf("node %s on %s asked for a new round", d.opts.NodeID, d.opts.Host)
 	if st == prevState {
-		st, err = d.job.advance(ctx, st, st.next(st.restarts, running), reason)
+		st, err = d.job.advance(ctx, st, st.Next(st.Restarts, jobstate.Running), reason)
 		if err != nil {
 			return st, err
 		}
@@ -420,10 +421,10 @@ type verdict struct {
 	timedOut bool // this node decided it at its join deadline
 }
 
-// join adds this node to round st.round and waits until the round is
+// join adds this node to round st.Round and waits until the round is
 // decided; it withdraws the node if it gives up before that.
-func (d *Dynamic) join(ctx context.Context, st jobState, deadline time.Time) (idx int, v verdict, err error) {
-	r := st.round
+func (d *Dynamic) join(ctx context.Context, st jobstate.State, deadline time.Time) (idx int, v verdict, err error) {
+	r := st.Round
 	a, err := d.job.Add(ctx, roundKey(r, "arrivals"), 1)
 	if err != nil {
 		return 0, v, fmt.Errorf("rendezvous: join round %d: %w", r, err)
@@ -453,13 +454,13 @@ func (d *Dynamic) join(ctx context.Context, st jobState, deadline time.Time) (id
 	return idx, v, nil
 }
 
-// awaitDecision waits for round st.round, in which this node arrived
+// awaitDecision waits for round st.Round, in which this node arrived
 // idx-th, to be decided. Once MinNodes have joined, this node gives the
 // round LastCallTimeout more on its own clock, then decides it with the
 // nodes there; at the join deadline it decides it at once: with the nodes
 // there if enough, else by voiding it.
-func (d *Dynamic) awaitDecision(ctx context.Context, st jobState, idx int, deadline time.Time) (verdict, error) {
-	o, r := d.opts, st.round
+func (d *Dynamic) awaitDecision(ctx context.Context, st jobstate.State, idx int, deadline time.Time) (verdict, error) {
+	o, r := d.opts, st.Round
 	var lastCall time.Time // when this node saw MinNodes arrivals
 	start := o.Now()
 	var reported time.Time // the last progress report
@@ -507,7 +508,7 @@ func (d *Dynamic) awaitDecision(ctx context.Context, st jobState, idx int, deadl
 		if err != nil {
 			return verdict{}, err
 		}
-		if cur.end != running {
+		if cur.End != jobstate.Running {
 			return verdict{}, d.overError(ctx, cur)
 		}
 		v, ok, err := d.job.await(ctx, roundKey(r, "final"), wait)
@@ -521,11 +522,11 @@ func (d *Dynamic) awaitDecision(ctx context.Context, st jobState, idx int, deadl
 	}
 }
 
-// giveUp takes this node, arrival idx of round st.round, out of the round
+// giveUp takes this node, arrival idx of round st.Round, out of the round
 // as a join fails: at once, within CloseTimeout, when the store failed;
 // when ctx ended, its caller gave up and may be in a hurry, so the next
 // Next, Leave or Close does, within its own bound.
-func (d *Dynamic) giveUp(ctx context.Context, st jobState, idx int) {
+func (d *Dynamic) giveUp(ctx context.Context, st jobstate.State, idx int) {
 	if ctx.Err() == nil {
 		wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), d.opts.CloseTimeout)
 		defer cancel()
@@ -546,19 +547,19 @@ func (d *Dynamic) takeAbandoned() *arrival {
 	return a
 }
 
-// withdraw takes this node, arrival idx of round st.round, out of the
+// withdraw takes this node, arrival idx of round st.Round, out of the
 // round within ctx: it voids the round if undecided (the others join the
 // next one), or leaves it if decided with this node. The request that
 // failed may have left the store unusable: this is best effort.
-func (d *Dynamic) withdraw(ctx context.Context, st jobState, idx int) error {
-	n, err := d.job.decide(ctx, st.round, 0)
+func (d *Dynamic) withdraw(ctx context.Context, st jobstate.State, idx int) error {
+	n, err := d.job.decide(ctx, st.Round, 0)
 	if err == nil && idx < n {
 		reason := fmt.Sprintf("node %s on %s left", d.opts.NodeID, d.opts.Host)
-		_, err = d.job.advance(ctx, st, st.next(st.restarts, running), reason)
+		_, err = d.job.advance(ctx, st, st.Next(st.Restarts, jobstate.Running), reason)
 	}
 	if err != nil {
-		d.log.Warn().Err(err).Int("round", st.round).Msg("could not withdraw from the round")
-		return fmt.Errorf("rendezvous: withdraw from round %d: %w", st.round, err)
+		d.log.Warn().Err(err).Int("round", st.Round).Msg("could not withdraw from the round")
+		return fmt.Errorf("rendezvous: withdraw from round %d: %w", st.Round, err)
 	}
 	return nil
 }
@@ -566,13 +567,13 @@ func (d *Dynamic) withdraw(ctx context.Context, st jobState, idx int) error {
 // errUnregistered: a participant never published its descriptor.
 var errUnregistered = errors.New("rendezvous: a participant never registered")
 
-// takePart reads this node's place in round st.round, in which it arrived
+// takePart reads this node's place in round st.Round, in which it arrived
 // idx-th, publishing every participant's place first if it decided the
 // round (or if whoever did has not in time), and starts heartbeating. It
 // returns no round if a participant never registered, having superseded
 // the round.
-func (d *Dynamic) takePart(ctx context.Context, st jobState, idx int, v verdict) (*Round, error) {
-	o, r := d.opts, st.round
+func (d *Dynamic) takePart(ctx context.Context, st jobstate.State, idx int, v verdict) (*Round, error) {
+	o, r := d.opts, st.Round
 	var err error
 	if v.decided {
 		err = d.publishPlaces(ctx, r, v.n)
@@ -591,7 +592,7 @@ func (d *Dynamic) takePart(ctx context.Context, st jobState, idx int, v verdict)
 	if errors.Is(err, errUnregistered) {
 		reason := fmt.Sprintf("a node of round %d never registered", r)
 		d.log.Warn().Int("round", r).Msg(reason)
-		_, err := d.job.advance(ctx, st, st.next(st.restarts, running), reason)
+		_, err := d.job.advance(ctx, st, st.Next(st.Restarts, jobstate.Running), reason)
 		return nil, err
 	}
 	var p place
@@ -605,7 +606,7 @@ func (d *Dynamic) takePart(ctx context.Context, st jobState, idx int, v verdict)
 
 	ri := &RoundInfo{
 		Number:         r,
-		Restarts:       st.restarts,
+		Restarts:       st.Restarts,
 		GroupRank:      p.GroupRank,
 		GroupWorldSize: v.n,
 		FirstRank:      p.FirstRank,
@@ -620,7 +621,7 @@ func (d *Dynamic) takePart(ctx context.Context, st jobState, idx int, v verdict)
 	d.round, d.state = ri, st
 	d.watch = d.startWatch(ri, st)
 	d.mu.Unlock()
-	d.log.Info().Int("round", r).Int("restarts", st.restarts).Int("group_rank", ri.GroupRank).
+	d.log.Info().Int("round", r).Int("restarts", st.Restarts).Int("group_rank", ri.GroupRank).
 		Int("nodes", v.n).Int("world_size", ri.WorldSize).Msg("round complete")
 	return &Round{
 		Store:          NewPrefixStore(strconv.Itoa(r), d.job.Store),
@@ -738,10 +739,10 @@ func (d *Dynamic) waiting(ctx context.Context, r, idx, arrivals int, left time.D
 	return w
 }
 
-// awaitNextRound waits, as a spare, until round st.round is superseded.
-func (d *Dynamic) awaitNextRound(ctx context.Context, st jobState) error {
+// awaitNextRound waits, as a spare, until round st.Round is superseded.
+func (d *Dynamic) awaitNextRound(ctx context.Context, st jobstate.State) error {
 	for {
-		if _, _, err := d.job.await(ctx, roundKey(st.round, "superseded"), d.poll); err != nil {
+		if _, _, err := d.job.await(ctx, roundKey(st.Round, "superseded"), d.poll); err != nil {
 			return err
 		}
 		cur, err := d.job.state(ctx)
@@ -753,11 +754,11 @@ func (d *Dynamic) awaitNextRound(ctx context.Context, st jobState) error {
 
 // overError describes a job that is over; an ended job's error says why,
 // as recorded by the node that ended it.
-func (d *Dynamic) overError(ctx context.Context, st jobState) error {
-	if st.end == failed {
-		return fmt.Errorf("rendezvous: job %s has failed after %d restarts: %w", d.opts.RunID, st.restarts, ErrJobFailed)
+func (d *Dynamic) overError(ctx context.Context, st jobstate.State) error {
+	if st.End == jobstate.Failed {
+		return fmt.Errorf("rendezvous: job %s has failed after %d restarts: %w", d.opts.RunID, st.Restarts, ErrJobFailed)
 	}
-	reason, _, _ := d.job.await(ctx, roundKey(st.round-1, "superseded"), d.poll)
+	reason, _, _ := d.job.await(ctx, roundKey(st.Round-1, "superseded"), d.poll)
 	return &jobEndedError{runID: d.opts.RunID, reason: string(reason)}
 }
 

@@ -6,17 +6,19 @@ import (
 	"errors"
 	"fmt"
 	"time"
+
+	"github.com/gorun/gorun/rendezvous/internal/jobstate"
 )
 
 // errNoRound is returned by the calls that need a round before the first.
 var errNoRound = errors.New("rendezvous: no round yet")
 
 // current returns this node's round and the state that opened it.
-func (d *Dynamic) current() (*RoundInfo, jobState, error) {
+func (d *Dynamic) current() (*RoundInfo, jobstate.State, error) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if d.round == nil {
-		return nil, jobState{}, errNoRound
+		return nil, jobstate.State{}, errNoRound
 	}
 	return d.round, d.state, nil
 }
@@ -38,7 +40,7 @@ func (d *Dynamic) Done(ctx context.Context, timeout time.Duration) error {
 	if err != nil {
 		return err
 	}
-	o, r, n := d.opts, st.round, ri.GroupWorldSize
+	o, r, n := d.opts, st.Round, ri.GroupWorldSize
 	finished, err := d.job.Add(ctx, roundKey(r, "done"), 1)
 	if err != nil {
 		return fmt.Errorf("rendezvous: exit barrier of round %d: %w", r, err)
@@ -79,7 +81,7 @@ func (d *Dynamic) Done(ctx context.Context, timeout time.Duration) error {
 			return fmt.Errorf("rendezvous: exit barrier of round %d: %w", r, err)
 		case ok:
 			return nil
-		case cur.end != running:
+		case cur.End != jobstate.Running:
 			return d.overError(ctx, cur)
 		case cur != st:
 			return fmt.Errorf("%w: %s", ErrRoundChanged, d.job.reason(ctx, r, cur, d.poll))
@@ -119,23 +121,19 @@ func (d *Dynamic) Fail(ctx context.Context, report []byte) (restart bool, err er
 	}
 
 	o := d.opts
-	to := st.next(st.restarts+1, running)
-	reason := fmt.Sprintf("node %s on %s failed: restart %d of %d", o.NodeID, o.Host, to.restarts, o.MaxRestarts)
-	if to.restarts > o.MaxRestarts {
-		to = st.next(st.restarts, failed)
-		reason = fmt.Sprintf("node %s on %s failed: restart budget of %d spent, job failed", o.NodeID, o.Host, o.MaxRestarts)
-	}
+	to := st.AfterFailure(o.MaxRestarts)
+	reason := to.FailureReason(o.NodeID, o.Host, o.MaxRestarts)
 	cur, err := d.job.advance(ctx, st, to, reason)
 	if err != nil {
-		return false, fmt.Errorf("rendezvous: open the round after %d: %w", st.round, err)
+		return false, fmt.Errorf("rendezvous: open the round after %d: %w", st.Round, err)
 	}
 	if cur == to {
-		d.log.Info().Int("round", st.round).Msg(reason)
+		d.log.Info().Int("round", st.Round).Msg(reason)
 	}
-	switch cur.end {
-	case failed:
+	switch cur.End {
+	case jobstate.Failed:
 		return false, nil
-	case ended:
+	case jobstate.Ended:
 		return false, d.overError(ctx, cur)
 	}
 	return true, nil
@@ -158,7 +156,7 @@ func (d *Dynamic) Weigh(ctx context.Context) (end func(), err error) {
 	}
 	// Counted per round: a node that dies while weighing never ends it,
 	// and must hold up no round but its own.
-	key := roundKey(st.round, keyWeighing)
+	key := roundKey(st.Round, keyWeighing)
 	if _, err := d.job.Add(ctx, key, 1); err != nil {
 		return nil, fmt.Errorf("rendezvous: record a failure being weighed: %w", err)
 	}
@@ -245,10 +243,10 @@ func (d *Dynamic) AwaitReports(ctx context.Context, timeout time.Duration) error
 		}
 		return fmt.Errorf("rendezvous: count the failures being weighed: %w", err)
 	}
-	// An end opens the round after the last one (jobState.next): the
+	// An end opens the round after the last one (jobstate.State.next): the
 	// reports that count are of the round it superseded.
-	r := st.round
-	if st.end != running {
+	r := st.Round
+	if st.End != jobstate.Running {
 		r--
 	}
 	// Poll more often than d.poll, half a heartbeat: the job is over, and
@@ -311,11 +309,11 @@ func (d *Dynamic) Shutdown(ctx context.Context) error {
 
 // endJob moves the job from state st, or whichever follows, to its end,
 // unless it is over already.
-func (d *Dynamic) endJob(ctx context.Context, st jobState, reason string) error {
+func (d *Dynamic) endJob(ctx context.Context, st jobstate.State, reason string) error {
 	var err error
 	// Each lost CompareSet means the state moved on; ctx bounds the race.
-	for err == nil && st.end == running {
-		st, err = d.job.advance(ctx, st, st.next(st.restarts, ended), reason)
+	for err == nil && st.End == jobstate.Running {
+		st, err = d.job.advance(ctx, st, st.Next(st.Restarts, jobstate.Ended), reason)
 	}
 	return err
 }
@@ -364,11 +362,11 @@ func (d *Dynamic) leave(ctx context.Context) error {
 	if ri != nil && !ri.ended() {
 		if !o.HostsStore {
 			reason := fmt.Sprintf("node %s on %s left", o.NodeID, o.Host)
-			to := st.next(st.restarts, running)
+			to := st.Next(st.Restarts, jobstate.Running)
 			if cur, aerr := d.job.advance(ctx, st, to, reason); aerr != nil {
-				err = errors.Join(err, fmt.Errorf("rendezvous: leave round %d: %w", st.round, aerr))
+				err = errors.Join(err, fmt.Errorf("rendezvous: leave round %d: %w", st.Round, aerr))
 			} else if cur == to {
-				d.log.Info().Int("round", st.round).Msg(reason)
+				d.log.Info().Int("round", st.Round).Msg(reason)
 			}
 		}
 		ri.end("this node left the rendezvous")
@@ -381,16 +379,16 @@ func (d *Dynamic) leave(ctx context.Context) error {
 // be decided wake and find the job over.
 func (d *Dynamic) endForAll(ctx context.Context) error {
 	st, err := d.job.state(ctx)
-	if err != nil || st.end != running {
+	if err != nil || st.End != jobstate.Running {
 		return err
 	}
 	reason := fmt.Sprintf("job ended: node %s on %s, which hosts the store, left", d.opts.NodeID, d.opts.Host)
 	if err := d.endJob(ctx, st, reason); err != nil {
 		return fmt.Errorf("rendezvous: end job %s: %w", d.opts.RunID, err)
 	}
-	d.log.Info().Int("round", st.round).Msg(reason)
-	if _, err := d.job.decide(ctx, st.round, 0); err != nil {
-		return fmt.Errorf("rendezvous: void round %d: %w", st.round, err)
+	d.log.Info().Int("round", st.Round).Msg(reason)
+	if _, err := d.job.decide(ctx, st.Round, 0); err != nil {
+		return fmt.Errorf("rendezvous: void round %d: %w", st.Round, err)
 	}
 	return nil
 }

@@ -7,8 +7,9 @@ import (
 	"fmt"
 	"slices"
 	"strconv"
-	"strings"
 	"time"
+
+	"github.com/gorun/gorun/rendezvous/internal/jobstate"
 )
 
 // The dynamic rendezvous keeps its state under "rdzv/<run id>/" in these
@@ -45,57 +46,6 @@ func nodeKey(r, i int) string { return roundKey(r, "node/"+strconv.Itoa(i)) }
 func placeKey(r, i int) string { return roundKey(r, "place/"+strconv.Itoa(i)) }
 
 func heartbeatKey(id string) string { return "hb/" + id }
-
-// jobState is the one register that every transition of the job goes
-// through: moving it from round r to r+1 by CompareSet supersedes round r.
-// Carrying the restart count in it makes spending the budget and opening
-// the next round one atomic step, so that the failures of several nodes in
-// one round (often one fault seen everywhere) spend a single restart.
-type jobState struct {
-	round    int
-	restarts int
-	end      jobEnd
-}
-
-// jobEnd says whether, and how, the job is over.
-type jobEnd string
-
-const (
-	running jobEnd = ""
-	ended   jobEnd = "ended"  // success, or shut down on purpose
-	failed  jobEnd = "failed" // the restart budget is spent
-)
-
-func (s jobState) String() string {
-	v := strconv.Itoa(s.round) + " " + strconv.Itoa(s.restarts)
-	if s.end != running {
-		v += " " + string(s.end)
-	}
-	return v
-}
-
-func (s jobState) bytes() []byte { return []byte(s.String()) }
-
-// next is the state that opens the round after s's, with its restart count.
-func (s jobState) next(restarts int, end jobEnd) jobState {
-	return jobState{round: s.round + 1, restarts: restarts, end: end}
-}
-
-func parseJobState(b []byte) (jobState, error) {
-	f := strings.Fields(string(b))
-	if len(f) == 2 || len(f) == 3 {
-		r, err1 := strconv.Atoi(f[0])
-		k, err2 := strconv.Atoi(f[1])
-		s := jobState{round: r, restarts: k}
-		if len(f) == 3 {
-			s.end = jobEnd(f[2])
-		}
-		if err1 == nil && err2 == nil && (s.end == running || s.end == ended || s.end == failed) {
-			return s, nil
-		}
-	}
-	return jobState{}, fmt.Errorf("rendezvous: malformed job state %q", b)
-}
 
 // descriptor is what a node publishes when it joins a round.
 type descriptor struct {
@@ -201,38 +151,38 @@ type jobStore struct{ Store }
 
 // state reads the job's state, opening round 0 if the job is new: the
 // CompareSet reply is the current value either way.
-func (s jobStore) state(ctx context.Context) (jobState, error) {
-	v, err := s.CompareSet(ctx, keyState, nil, jobState{}.bytes())
+func (s jobStore) state(ctx context.Context) (jobstate.State, error) {
+	v, err := s.CompareSet(ctx, keyState, nil, jobstate.State{}.Bytes())
 	if err != nil {
-		return jobState{}, err
+		return jobstate.State{}, err
 	}
-	return parseJobState(v)
+	return jobstate.Parse(v)
 }
 
 // advance moves the job from state from to state to, unless it has moved
-// already, and then records why round from.round ended (the first reason
+// already, and then records why round from.Round ended (the first reason
 // recorded stays). It returns the state now current: to when this call, or
 // another one with the same aim, made the move.
-func (s jobStore) advance(ctx context.Context, from, to jobState, reason string) (jobState, error) {
-	v, err := s.CompareSet(ctx, keyState, from.bytes(), to.bytes())
+func (s jobStore) advance(ctx context.Context, from, to jobstate.State, reason string) (jobstate.State, error) {
+	v, err := s.CompareSet(ctx, keyState, from.Bytes(), to.Bytes())
 	if err != nil {
-		return jobState{}, err
+		return jobstate.State{}, err
 	}
-	cur, err := parseJobState(v)
+	cur, err := jobstate.Parse(v)
 	if err != nil || cur != to {
 		return cur, err
 	}
-	_, err = s.CompareSet(ctx, roundKey(from.round, "superseded"), nil, []byte(reason))
+	_, err = s.CompareSet(ctx, roundKey(from.Round, "superseded"), nil, []byte(reason))
 	return cur, err
 }
 
 // reason returns why round r ended, waiting up to wait for the node that
 // ended it to say so.
-func (s jobStore) reason(ctx context.Context, r int, now jobState, wait time.Duration) string {
+func (s jobStore) reason(ctx context.Context, r int, now jobstate.State, wait time.Duration) string {
 	if v, ok, _ := s.await(ctx, roundKey(r, "superseded"), wait); ok {
 		return string(v)
 	}
-	return fmt.Sprintf("round %d was superseded by round %d", r, now.round)
+	return fmt.Sprintf("round %d was superseded by round %d", r, now.Round)
 }
 
 // decide fixes the participant count of round r at n unless it is fixed

@@ -750,20 +750,6 @@ func TestRoster(t *testing.T) {
 	}
 }
 
-func TestJobStateRoundTrip(t *testing.T) {
-	for _, s := range []jobState{{}, {round: 7, restarts: 2}, {round: 8, restarts: 2, end: failed}, {round: 3, end: ended}} {
-		got, err := parseJobState(s.bytes())
-		if err != nil || got != s {
-			t.Errorf("parse(%q) = %+v, %v", s, got, err)
-		}
-	}
-	for _, bad := range []string{"", "1", "1 x", "1 2 maybe", "1 2 3 4"} {
-		if _, err := parseJobState([]byte(bad)); err == nil {
-			t.Errorf("parse(%q) succeeded", bad)
-		}
-	}
-}
-
 // TestDynamicOverTCP runs a job over our server with real clients, real
 // time and short heartbeats: a death noticed, a new round, success.
 func TestDynamicOverTCP(t *testing.T) {

@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"time"
+
+	"github.com/gorun/gorun/rendezvous/internal/jobstate"
 )
 
 // roundWatch is the goroutine that keeps one round alive from this node's
@@ -29,7 +31,7 @@ type roundWatch struct {
 }
 
 // startWatch starts watching round ri, which st opened.
-func (d *Dynamic) startWatch(ri *RoundInfo, st jobState) *roundWatch {
+func (d *Dynamic) startWatch(ri *RoundInfo, st jobstate.State) *roundWatch {
 	ctx, cancel := context.WithCancel(d.life)
 	w := &roundWatch{cancel: cancel, done: make(chan struct{})}
 	go func() {
@@ -49,7 +51,7 @@ func (d *Dynamic) stopWatchLocked() {
 	}
 }
 
-func (d *Dynamic) watchRound(ctx context.Context, ri *RoundInfo, st jobState) {
+func (d *Dynamic) watchRound(ctx context.Context, ri *RoundInfo, st jobstate.State) {
 	o, window := d.opts, d.window()
 	var next *place
 	if ri.GroupWorldSize > 1 {
@@ -80,8 +82,8 @@ func (d *Dynamic) watchRound(ctx context.Context, ri *RoundInfo, st jobState) {
 				lastBeat, lastChange = beat, now
 			case now.Sub(lastChange) >= window:
 				reason := fmt.Sprintf("node %s on %s missed %d heartbeats", next.Next, next.NextHost, o.HeartbeatMisses)
-				d.log.Warn().Int("round", st.round).Str("dead", next.Next).Msg(reason)
-				if _, err := d.beats.advance(ctx, st, st.next(st.restarts, running), reason); err != nil {
+				d.log.Warn().Int("round", st.Round).Str("dead", next.Next).Msg(reason)
+				if _, err := d.beats.advance(ctx, st, st.Next(st.Restarts, jobstate.Running), reason); err != nil {
 					return "", err
 				}
 			}
@@ -90,7 +92,7 @@ func (d *Dynamic) watchRound(ctx context.Context, ri *RoundInfo, st jobState) {
 		if err != nil || cur == st {
 			return "", err
 		}
-		return d.beats.reason(ctx, st.round, cur, d.poll), nil
+		return d.beats.reason(ctx, st.Round, cur, d.poll), nil
 	}
 
 	ticker := time.NewTicker(o.HeartbeatInterval)
@@ -101,7 +103,7 @@ func (d *Dynamic) watchRound(ctx context.Context, ri *RoundInfo, st jobState) {
 		case ctx.Err() != nil:
 			return
 		case reason != "":
-			d.log.Info().Int("round", st.round).Str("reason", reason).Msg("round superseded")
+			d.log.Info().Int("round", st.Round).Str("reason", reason).Msg("round superseded")
 			ri.end(reason)
 			return
 		case err == nil:
@@ -110,7 +112,7 @@ func (d *Dynamic) watchRound(ctx context.Context, ri *RoundInfo, st jobState) {
 			failingSince = o.Now()
 			fallthrough
 		default:
-			d.log.Warn().Err(err).Int("round", st.round).Msg("heartbeat failed")
+			d.log.Warn().Err(err).Int("round", st.Round).Msg("heartbeat failed")
 			// Past a heartbeat window, the others count this node dead:
 			// its round is over, and the agent should hear of it.
 			if o.Now().Sub(failingSince) >= window {
@@ -122,7 +124,7 @@ func (d *Dynamic) watchRound(ctx context.Context, ri *RoundInfo, st jobState) {
 			// The heartbeats' own connection can block: hear of a new
 			// round at once, not at the next heartbeat. A failed wait
 			// falls back on the ticker, lest it spin.
-			_, _, err := d.beats.await(ctx, roundKey(st.round, "superseded"), o.HeartbeatInterval)
+			_, _, err := d.beats.await(ctx, roundKey(st.Round, "superseded"), o.HeartbeatInterval)
 			if err == nil {
 				continue
 			}

@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+
+	"github.com/gorun/gorun/rendezvous/internal/jobstate"
 )
 
 // ErrNoJob says a store holds no dynamic rendezvous of the run id asked.
@@ -28,11 +30,11 @@ func DynamicRound(ctx context.Context, s Store, runID string) (int, Store, error
 	if err != nil {
 		return 0, nil, fmt.Errorf("rendezvous: read the job's state: %w", err)
 	}
-	st, err := parseJobState(v)
+	st, err := jobstate.Parse(v)
 	if err != nil {
 		return 0, nil, err
 	}
-	return st.round, DynamicRoundStore(s, runID, st.round), nil
+	return st.Round, DynamicRoundStore(s, runID, st.Round), nil
 }
 
 // DynamicRoundStore is the view of round r's store of runID's dynamic

@@ -12,6 +12,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/gorun/gorun/rendezvous"
+	"github.com/gorun/gorun/rendezvous/internal/jobstate"
 )
 
 // errNoRound is returned by the calls that need a round before the first.
@@ -19,11 +20,11 @@ var errNoRound = errors.New("rendezvous/etcd: no round yet")
 
 // current returns this node's round, the state that opened it, its
 // decision and this node's lease.
-func (h *Handler) current() (*rendezvous.RoundInfo, jobState, decision, clientv3.LeaseID, error) {
+func (h *Handler) current() (*rendezvous.RoundInfo, jobstate.State, decision, clientv3.LeaseID, error) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if h.round == nil {
-		return nil, jobState{}, decision{}, 0, errNoRound
+		return nil, jobstate.State{}, decision{}, 0, errNoRound
 	}
 	return h.round, h.state, h.decision, h.lease, nil
 }
@@ -43,7 +44,7 @@ func (h *Handler) Done(ctx context.Context, timeout time.Duration) error {
 	if err != nil {
 		return err
 	}
-	r, n := st.round, d.N
+	r, n := st.Round, d.N
 	complete := h.k(roundKey(r, "complete"))
 	rctx, cancel := h.request(ctx)
 	t, err := h.kv.Txn(rctx).Then(clientv3.OpPut(h.k(roundKey(r, "done/"+h.opts.NodeID)), ""),
@@ -75,14 +76,14 @@ func (h *Handler) Done(ctx context.Context, timeout time.Duration) error {
 		if err != nil {
 			return h.unreachable(ctx, fmt.Sprintf("exit barrier of round %d", r), err)
 		}
-		cur, err := parseJobState(t.Responses[0].GetResponseRange().Kvs[0].Value)
+		cur, err := jobstate.Parse(t.Responses[0].GetResponseRange().Kvs[0].Value)
 		if err != nil {
 			return err
 		}
 		switch {
 		case t.Responses[1].GetResponseRange().Count > 0:
 			return nil
-		case cur.end != running:
+		case cur.End != jobstate.Running:
 			return h.overError(ctx, cur)
 		case cur != st:
 			return fmt.Errorf("%w: %s", rendezvous.ErrRoundChanged, h.reason(ctx, r))
@@ -98,10 +99,10 @@ func (h *Handler) Done(ctx context.Context, timeout time.Duration) error {
 
 // endJob moves the job from state st, or whichever follows, to its end,
 // unless it is over already.
-func (h *Handler) endJob(ctx context.Context, st jobState, reason string) error {
+func (h *Handler) endJob(ctx context.Context, st jobstate.State, reason string) error {
 	var err error
-	for err == nil && st.end == running {
-		st, err = h.advance(ctx, st, st.next(st.restarts, ended), reason)
+	for err == nil && st.End == jobstate.Running {
+		st, err = h.advance(ctx, st, st.Next(st.Restarts, jobstate.Ended), reason)
 	}
 	return err
 }
@@ -127,24 +128,21 @@ func (h *Handler) Fail(ctx context.Context, report []byte) (restart bool, err er
 	}
 	o := h.opts
 	rctx, cancel := h.request(ctx)
-	_, err = h.kv.Put(rctx, h.k(keyFailures+strconv.Itoa(st.round)+"/"+o.NodeID), string(line))
+	_, err = h.kv.Put(rctx, h.k(keyFailures+strconv.Itoa(st.Round)+"/"+o.NodeID), string(line))
 	cancel()
 	if err != nil {
 		return false, h.unreachable(ctx, "record a failure", err)
 	}
-	to := st.afterFailure(o.MaxRestarts)
-	reason := fmt.Sprintf("node %s on %s failed: restart %d of %d", o.NodeID, o.Host, to.restarts, o.MaxRestarts)
-	if to.end == failed {
-		reason = fmt.Sprintf("node %s on %s failed: restart budget of %d spent, job failed", o.NodeID, o.Host, o.MaxRestarts)
-	}
+	to := st.AfterFailure(o.MaxRestarts)
+	reason := to.FailureReason(o.NodeID, o.Host, o.MaxRestarts)
 	cur, err := h.advance(ctx, st, to, reason)
 	if err != nil {
 		return false, err
 	}
-	switch cur.end {
-	case failed:
+	switch cur.End {
+	case jobstate.Failed:
 		return false, nil
-	case ended:
+	case jobstate.Ended:
 		return false, h.overError(ctx, cur)
 	}
 	return true, nil
@@ -163,7 +161,7 @@ func (h *Handler) Weigh(ctx context.Context) (end func(), err error) {
 	if err != nil {
 		return nil, err
 	}
-	key := h.k(roundKey(st.round, "weighing/"+h.opts.NodeID))
+	key := h.k(roundKey(st.Round, "weighing/"+h.opts.NodeID))
 	rctx, cancel := h.request(ctx)
 	_, err = h.kv.Put(rctx, key, "", clientv3.WithLease(lease))
 	cancel()
@@ -198,11 +196,11 @@ func (h *Handler) AwaitAlive(ctx context.Context) bool {
 	if err != nil {
 		return false
 	}
-	seats, err := h.seats(ctx, st.round, d)
+	seats, err := h.seats(ctx, st.Round, d)
 	if err != nil {
 		return false
 	}
-	pfx := h.k(roundKey(st.round, "weighing/"))
+	pfx := h.k(roundKey(st.Round, "weighing/"))
 	pending := make(map[string]bool, len(seats))
 	for _, m := range seats {
 		if m.ID != h.opts.NodeID {
@@ -248,8 +246,8 @@ func (h *Handler) AwaitReports(ctx context.Context, timeout time.Duration) error
 		}
 		return err
 	}
-	r := st.round
-	if st.end != running {
+	r := st.Round
+	if st.End != jobstate.Running {
 		r--
 	}
 	pfx := h.k(roundKey(r, "weighing/"))

@@ -39,6 +39,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/gorun/gorun/rendezvous"
+	"github.com/gorun/gorun/rendezvous/internal/jobstate"
 )
 
 // Defaults of Options.
@@ -199,7 +200,7 @@ type Handler struct {
 	left   bool
 	lease  clientv3.LeaseID // 0 until granted, and once lost
 	round  *rendezvous.RoundInfo
-	state  jobState // the state that opened round
+	state  jobstate.State // the state that opened round
 	// decision is how round was decided.
 	decision decision
 	myKey    string // this node's key in the round it last joined
@@ -284,7 +285,7 @@ func (h *Handler) Nodes(ctx context.Context) ([]rendezvous.NodeInfo, error) {
 	if err != nil {
 		return nil, err
 	}
-	seats, err := h.seats(ctx, st.round, d)
+	seats, err := h.seats(ctx, st.Round, d)
 	if err != nil {
 		return nil, err
 	}
@@ -389,45 +390,45 @@ func (h *Handler) keepLease(id clientv3.LeaseID, first time.Duration) {
 }
 
 // readState reads the job's state, opening round 0 if the job is new.
-func (h *Handler) readState(ctx context.Context) (jobState, int64, error) {
+func (h *Handler) readState(ctx context.Context) (jobstate.State, int64, error) {
 	rctx, cancel := h.request(ctx)
 	defer cancel()
 	k := h.k(keyState)
 	// A read, which raft need not carry, unless the job is new.
 	if g, err := h.kv.Get(rctx, k); err == nil && len(g.Kvs) > 0 {
-		st, err := parseJobState(g.Kvs[0].Value)
+		st, err := jobstate.Parse(g.Kvs[0].Value)
 		return st, g.Header.Revision, err
 	}
 	t, err := h.kv.Txn(rctx).If(clientv3.Compare(clientv3.CreateRevision(k), "=", 0)).
-		Then(clientv3.OpPut(k, jobState{}.String())).Else(clientv3.OpGet(k)).Commit()
+		Then(clientv3.OpPut(k, jobstate.State{}.String())).Else(clientv3.OpGet(k)).Commit()
 	if err != nil {
-		return jobState{}, 0, h.unreachable(ctx, "read the job's state", err)
+		return jobstate.State{}, 0, h.unreachable(ctx, "read the job's state", err)
 	}
 	if t.Succeeded {
-		return jobState{}, t.Header.Revision, nil
+		return jobstate.State{}, t.Header.Revision, nil
 	}
-	st, err := parseJobState(t.Responses[0].GetResponseRange().Kvs[0].Value)
+	st, err := jobstate.Parse(t.Responses[0].GetResponseRange().Kvs[0].Value)
 	return st, t.Header.Revision, err
 }
 
 // advance moves the job from state from to state to, with why round
-// from.round ended, in one transaction, unless it has moved already. It
+// from.Round ended, in one transaction, unless it has moved already. It
 // returns the state now current.
-func (h *Handler) advance(ctx context.Context, from, to jobState, reason string) (jobState, error) {
+func (h *Handler) advance(ctx context.Context, from, to jobstate.State, reason string) (jobstate.State, error) {
 	rctx, cancel := h.request(ctx)
 	defer cancel()
 	k := h.k(keyState)
 	t, err := h.kv.Txn(rctx).If(clientv3.Compare(clientv3.Value(k), "=", from.String())).
-		Then(clientv3.OpPut(k, to.String()), clientv3.OpPut(h.k(supersededKey(from.round)), reason)).
+		Then(clientv3.OpPut(k, to.String()), clientv3.OpPut(h.k(supersededKey(from.Round)), reason)).
 		Else(clientv3.OpGet(k)).Commit()
 	if err != nil {
-		return jobState{}, h.unreachable(ctx, fmt.Sprintf("end round %d", from.round), err)
+		return jobstate.State{}, h.unreachable(ctx, fmt.Sprintf("end round %d", from.Round), err)
 	}
 	if t.Succeeded {
-		h.log.Info().Int("round", from.round).Msg(reason)
+		h.log.Info().Int("round", from.Round).Msg(reason)
 		return to, nil
 	}
-	return parseJobState(t.Responses[0].GetResponseRange().Kvs[0].Value)
+	return jobstate.Parse(t.Responses[0].GetResponseRange().Kvs[0].Value)
 }
 
 // reason returns why round r ended.
@@ -441,9 +442,9 @@ func (h *Handler) reason(ctx context.Context, r int) string {
 }
 
 // overError describes a job that is over.
-func (h *Handler) overError(ctx context.Context, st jobState) error {
-	if st.end == failed {
-		return fmt.Errorf("rendezvous/etcd: job %s has failed after %d restarts: %w", h.opts.RunID, st.restarts, rendezvous.ErrJobFailed)
+func (h *Handler) overError(ctx context.Context, st jobstate.State) error {
+	if st.End == jobstate.Failed {
+		return fmt.Errorf("rendezvous/etcd: job %s has failed after %d restarts: %w", h.opts.RunID, st.Restarts, rendezvous.ErrJobFailed)
 	}
-	return fmt.Errorf("rendezvous/etcd: job %s has ended (%s): %w", h.opts.RunID, h.reason(ctx, st.round-1), rendezvous.ErrJobEnded)
+	return fmt.Errorf("rendezvous/etcd: job %s has ended (%s): %w", h.opts.RunID, h.reason(ctx, st.Round-1), rendezvous.ErrJobEnded)
 }

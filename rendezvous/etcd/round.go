@@ -16,6 +16,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/gorun/gorun/rendezvous"
+	"github.com/gorun/gorun/rendezvous/internal/jobstate"
 )
 
 // Next blocks until this node takes part in a complete round and returns
@@ -41,7 +42,7 @@ func (h *Handler) Next(ctx context.Context) (*rendezvous.Round, error) {
 	}
 	deadline := o.Now().Add(o.JoinTimeout)
 	for {
-		if st.end != running {
+		if st.End != jobstate.Running {
 			return nil, h.overError(ctx, st)
 		}
 		lease, err := h.ensureLease(ctx)
@@ -52,7 +53,7 @@ func (h *Handler) Next(ctx context.Context) (*rendezvous.Round, error) {
 		if errors.Is(err, rpctypes.ErrLeaseNotFound) {
 			// The lease lapsed before the join (a cluster too busy to
 			// renew it, a long pause): join again with a new one.
-			h.log.Warn().Int("round", st.round).Msg("this node's etcd lease lapsed as it joined: joining with a new one")
+			h.log.Warn().Int("round", st.Round).Msg("this node's etcd lease lapsed as it joined: joining with a new one")
 			h.mu.Lock()
 			if h.lease == lease {
 				h.lease = 0
@@ -85,7 +86,7 @@ func (h *Handler) withdrawAbandoned(ctx context.Context) {
 
 // leaveRound stops this node's part in its round, opening a new round if
 // that one is still current, and returns the job's state.
-func (h *Handler) leaveRound(ctx context.Context) (jobState, error) {
+func (h *Handler) leaveRound(ctx context.Context) (jobstate.State, error) {
 	h.mu.Lock()
 	prev, prevState, key := h.round, h.state, h.myKey
 	h.stopWatchLocked()
@@ -96,11 +97,11 @@ func (h *Handler) leaveRound(ctx context.Context) (jobState, error) {
 	}
 	if st == prevState {
 		reason := fmt.Sprintf("node %s on %s asked for a new round", h.opts.NodeID, h.opts.Host)
-		if st, err = h.advance(ctx, st, st.next(st.restarts, running), reason); err != nil {
+		if st, err = h.advance(ctx, st, st.Next(st.Restarts, jobstate.Running), reason); err != nil {
 			return st, err
 		}
 	}
-	prev.End(h.reason(ctx, prevState.round))
+	prev.End(h.reason(ctx, prevState.Round))
 	if key != "" {
 		// The round is over: its key only kept this node in it.
 		rctx, cancel := h.request(ctx)
@@ -113,7 +114,7 @@ func (h *Handler) leaveRound(ctx context.Context) (jobState, error) {
 // snapshot is a joiner's view of round r at one revision.
 type snapshot struct {
 	rev   int64
-	state jobState
+	state jobstate.State
 	// arrivals counts the joins of the round (the versions of its
 	// arrivals key): the nodes there, unless some withdrew. Reading it
 	// costs O(1), where counting the round's keys cost O(n) for every
@@ -138,17 +139,17 @@ func (s snapshot) there() int {
 	return s.arrivals
 }
 
-// decided returns, when events hold round st.round's decision, what a
+// decided returns, when events hold round st.Round's decision, what a
 // snapshot taken then would show, sparing every joiner a read as the round
 // forms: the transaction that put it found the job's state still st. With
 // the round superseded too, it returns nil: the caller reads.
-func (h *Handler) decided(st jobState, evs []*clientv3.Event) *snapshot {
+func (h *Handler) decided(st jobstate.State, evs []*clientv3.Event) *snapshot {
 	var news *snapshot
 	for _, ev := range evs {
 		switch string(ev.Kv.Key) {
-		case h.k(supersededKey(st.round)):
+		case h.k(supersededKey(st.Round)):
 			return nil
-		case h.k(finalKey(st.round)):
+		case h.k(finalKey(st.Round)):
 			var d decision
 			if ev.Type != mvccpb.PUT || json.Unmarshal(ev.Kv.Value, &d) != nil {
 				return nil // the read that follows says what is wrong
@@ -206,11 +207,11 @@ func (h *Handler) awaitCreated(ctx context.Context, r int, chans ...clientv3.Wat
 	return nil
 }
 
-// awaitNews waits until round st.round's call/ keys change after revision
+// awaitNews waits until round st.Round's call/ keys change after revision
 // rev (w follows them), until, one of more changes (from rev), or ctx
 // ends. It returns the decision when that is the news (decided); nil
 // otherwise: the caller reads, unless quiet says that only until passed.
-func (h *Handler) awaitNews(ctx context.Context, w *roundWatch, st jobState, rev int64, until time.Time, more ...watched) (news *snapshot, quiet bool, err error) {
+func (h *Handler) awaitNews(ctx context.Context, w *roundWatch, st jobstate.State, rev int64, until time.Time, more ...watched) (news *snapshot, quiet bool, err error) {
 	wctx, cancel := context.WithDeadline(ctx, until)
 	defer cancel()
 	var moreNews chan struct{}
@@ -227,8 +228,8 @@ func (h *Handler) awaitNews(ctx context.Context, w *roundWatch, st jobState, rev
 			if !ok || wr.Err() != nil || wr.Canceled {
 				// Follow the round again, from now: the read that
 				// follows covers what came between.
-				w.calls = h.cli.Watch(w.ctx, h.k(callKey(st.round)), clientv3.WithPrefix(), clientv3.WithCreatedNotify())
-				return nil, false, h.awaitCreated(ctx, st.round, w.calls)
+				w.calls = h.cli.Watch(w.ctx, h.k(callKey(st.Round)), clientv3.WithPrefix(), clientv3.WithCreatedNotify())
+				return nil, false, h.awaitCreated(ctx, st.Round, w.calls)
 			}
 			var fresh []*clientv3.Event // what the last read did not see
 			for _, ev := range wr.Events {
@@ -283,7 +284,7 @@ func (h *Handler) snapshot(ctx context.Context, r int) (snapshot, error) {
 	}
 	s := snapshot{rev: t.Header.Revision}
 	if kvs := t.Responses[0].GetResponseRange().Kvs; len(kvs) > 0 {
-		if s.state, err = parseJobState(kvs[0].Value); err != nil {
+		if s.state, err = jobstate.Parse(kvs[0].Value); err != nil {
 			return s, err
 		}
 	}
@@ -293,12 +294,12 @@ func (h *Handler) snapshot(ctx context.Context, r int) (snapshot, error) {
 	return s, h.readCall(r, t.Responses[2].GetResponseRange().Kvs, &s)
 }
 
-// join adds this node to round st.round and follows it until this node
+// join adds this node to round st.Round and follows it until this node
 // takes part (a round), or the job moves on (no round, no error: join the
 // job's current round), or it gives up. A spare's wait is not a join: its
 // deadline starts again after it.
-func (h *Handler) join(ctx context.Context, st jobState, lease clientv3.LeaseID, deadline *time.Time) (*rendezvous.Round, error) {
-	o, r := h.opts, st.round
+func (h *Handler) join(ctx context.Context, st jobstate.State, lease clientv3.LeaseID, deadline *time.Time) (*rendezvous.Round, error) {
+	o, r := h.opts, st.Round
 	key := h.k(nodeKey(r, o.NodeID))
 	me, _ := json.Marshal(h.self)
 	w, err := h.watchNews(ctx, r)
@@ -444,7 +445,7 @@ func (h *Handler) join(ctx context.Context, st jobState, lease clientv3.LeaseID,
 		case stepOpenNext:
 			reason := fmt.Sprintf("node %s on %s waits to join (round %d has %d of max %d nodes)",
 				o.NodeID, o.Host, r, s.decision.N, o.MaxNodes)
-			_, err := h.advance(ctx, st, st.next(st.restarts, running), reason)
+			_, err := h.advance(ctx, st, st.Next(st.Restarts, jobstate.Running), reason)
 			return nil, err
 		}
 		if !now.Before(rendezvous.NextProgress(start, reported)) {
@@ -669,7 +670,7 @@ const (
 	verdictBusy                 // another node is deciding it
 )
 
-// decide fixes round st.round's members, unless fixed already: its first
+// decide fixes round st.Round's members, unless fixed already: its first
 // MaxNodes joiners, by arrival, if at least need are there, or none when
 // need is 0 (void). Only the holder of the round's claim, on its lease,
 // decides: the others wait for its word (verdictBusy, with the revision
@@ -680,8 +681,8 @@ const (
 // lapsed midway leaves seats that nobody reads. Fewer than need there
 // (some withdrew), it records how many (verdictShort) for every joiner to
 // count from.
-func (h *Handler) decide(ctx context.Context, st jobState, need int, lease clientv3.LeaseID) (verdict, int64, error) {
-	o, r := h.opts, st.round
+func (h *Handler) decide(ctx context.Context, st jobstate.State, need int, lease clientv3.LeaseID) (verdict, int64, error) {
+	o, r := h.opts, st.Round
 	rctx, cancel := h.request(ctx)
 	defer cancel()
 	final, claim := h.k(finalKey(r)), h.k(claimKey(r))
@@ -789,9 +790,9 @@ func (h *Handler) giveUp(ctx context.Context, key string) {
 
 // takePart makes this node's round from the decision it read at rev and
 // its seat, and watches it.
-func (h *Handler) takePart(st jobState, d decision, me seat, rev int64, w *roundWatch) (*rendezvous.Round, error) {
+func (h *Handler) takePart(st jobstate.State, d decision, me seat, rev int64, w *roundWatch) (*rendezvous.Round, error) {
 	o := h.opts
-	ri := rendezvous.NewRoundInfo(st.round, st.restarts, me.GroupRank, d.N, me.FirstRank, d.World)
+	ri := rendezvous.NewRoundInfo(st.Round, st.Restarts, me.GroupRank, d.N, me.FirstRank, d.World)
 	h.mu.Lock()
 	if h.self.Since == 0 {
 		h.self.Since = me.Since
@@ -799,10 +800,10 @@ func (h *Handler) takePart(st jobState, d decision, me seat, rev int64, w *round
 	h.round, h.state, h.decision = ri, st, d
 	h.stopWatch = h.watchRound(ri, st, d, rev, w)
 	h.mu.Unlock()
-	h.log.Info().Int("round", st.round).Int("restarts", st.restarts).Int("group_rank", me.GroupRank).
+	h.log.Info().Int("round", st.Round).Int("restarts", st.Restarts).Int("group_rank", me.GroupRank).
 		Int("nodes", d.N).Int("world_size", d.World).Msg("round complete")
 	return &rendezvous.Round{
-		Store:          NewStore(h.cli, h.k(roundKey(st.round, "store/"))),
+		Store:          NewStore(h.cli, h.k(roundKey(st.Round, "store/"))),
 		GroupRank:      me.GroupRank,
 		GroupWorldSize: d.N,
 		StoreHost:      o.StoreHost,
@@ -810,7 +811,7 @@ func (h *Handler) takePart(st jobState, d decision, me seat, rev int64, w *round
 	}, nil
 }
 
-// watchRound ends ri when round st.round is superseded (its superseded
+// watchRound ends ri when round st.Round is superseded (its superseded
 // key is put, with the job's state that moves on) and supersedes it when a
 // member's key goes (its lease lapsed, or it left), until the returned
 // stop. It goes on with w's watch of the call/ keys, which followed the
@@ -819,9 +820,9 @@ func (h *Handler) takePart(st jobState, d decision, me seat, rev int64, w *round
 // so that none goes unseen between the two. A broken watch is made again
 // from the revision it reached; a node cut off from etcd learns from its
 // lease (ensureLease).
-func (h *Handler) watchRound(ri *rendezvous.RoundInfo, st jobState, d decision, rev int64, w *roundWatch) (stop func()) {
+func (h *Handler) watchRound(ri *rendezvous.RoundInfo, st jobstate.State, d decision, rev int64, w *roundWatch) (stop func()) {
 	ctx, cancel := context.WithCancel(h.life)
-	nodePfx := h.k(nodesKey(st.round))
+	nodePfx := h.k(nodesKey(st.Round))
 	// wasMember tells whether the node whose key went was a member, by its
 	// seat: one read per key gone, where holding every member cost each
 	// node O(n).
@@ -832,7 +833,7 @@ func (h *Handler) watchRound(ri *rendezvous.RoundInfo, st jobState, d decision, 
 		}
 		rctx, rcancel := context.WithTimeout(ctx, h.opts.RequestTimeout)
 		defer rcancel()
-		s, ok, err := h.seatOf(rctx, st.round, d, id)
+		s, ok, err := h.seatOf(rctx, st.Round, d, id)
 		if err != nil {
 			// Unsure: a key gone in a decided round most likely was a
 			// member's; superseding a round costs a new one, missing a
@@ -841,7 +842,7 @@ func (h *Handler) watchRound(ri *rendezvous.RoundInfo, st jobState, d decision, 
 		}
 		return s, ok
 	}
-	superseded := h.k(supersededKey(st.round))
+	superseded := h.k(supersededKey(st.Round))
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
@@ -890,7 +891,7 @@ func (h *Handler) watchRound(ri *rendezvous.RoundInfo, st jobState, d decision, 
 							reason = fmt.Sprintf("node %s on %s lost its etcd lease", m.ID, m.Host)
 						}
 						rctx, rcancel := context.WithTimeout(ctx, h.opts.RequestTimeout)
-						_, err := h.advance(rctx, st, st.next(st.restarts, running), reason)
+						_, err := h.advance(rctx, st, st.Next(st.Restarts, jobstate.Running), reason)
 						rcancel()
 						if err != nil {
 							h.log.Warn().Err(err).Msg("could not end the round")
@@ -909,7 +910,7 @@ func (h *Handler) watchRound(ri *rendezvous.RoundInfo, st jobState, d decision, 
 			}
 			var wctx context.Context
 			wctx, wcancel = context.WithCancel(ctx)
-			calls = h.cli.Watch(wctx, h.k(callKey(st.round)), clientv3.WithPrefix(), clientv3.WithRev(callsRev))
+			calls = h.cli.Watch(wctx, h.k(callKey(st.Round)), clientv3.WithPrefix(), clientv3.WithRev(callsRev))
 			nodes = h.cli.Watch(wctx, nodePfx, clientv3.WithPrefix(), clientv3.WithRev(nodesRev), clientv3.WithFilterPut())
 		}
 	}()
@@ -960,7 +961,7 @@ func (h *Handler) leave(ctx context.Context) error {
 	var err error
 	if ri != nil && ri.Reason() == "" {
 		reason := fmt.Sprintf("node %s on %s left", h.opts.NodeID, h.opts.Host)
-		if _, aerr := h.advance(ctx, st, st.next(st.restarts, running), reason); aerr != nil {
+		if _, aerr := h.advance(ctx, st, st.Next(st.Restarts, jobstate.Running), reason); aerr != nil {
 			err = aerr
 		}
 		ri.End("this node left the rendezvous")

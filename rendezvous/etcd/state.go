@@ -2,10 +2,8 @@ package etcd
 
 import (
 	"cmp"
-	"fmt"
 	"slices"
 	"strconv"
-	"strings"
 )
 
 // The handler keeps a job's state under "<prefix>/<run id>/" in these keys.
@@ -59,63 +57,6 @@ func finalKey(r int) string           { return callKey(r) + "final" }
 func shortKey(r int) string           { return callKey(r) + "short" }
 func supersededKey(r int) string      { return callKey(r) + "superseded" }
 func claimKey(r int) string           { return roundKey(r, "decider") }
-
-// jobState is the one register that every transition of the job goes
-// through: moving it from round r to r+1 in a transaction supersedes round
-// r. Carrying the restart count in it makes spending the budget and
-// opening the next round one step, so that the failures of several nodes
-// in one round (often one fault seen everywhere) spend a single restart.
-type jobState struct {
-	round    int
-	restarts int
-	end      jobEnd
-}
-
-type jobEnd string
-
-const (
-	running jobEnd = ""
-	ended   jobEnd = "ended"  // success, or shut down on purpose
-	failed  jobEnd = "failed" // the restart budget is spent
-)
-
-func (s jobState) String() string {
-	v := strconv.Itoa(s.round) + " " + strconv.Itoa(s.restarts)
-	if s.end != running {
-		v += " " + string(s.end)
-	}
-	return v
-}
-
-// next is the state that opens the round after s's.
-func (s jobState) next(restarts int, end jobEnd) jobState {
-	return jobState{round: s.round + 1, restarts: restarts, end: end}
-}
-
-// afterFailure is the state that a failure in s's round moves the job to:
-// the next round, one restart more, or failed once that is over budget.
-func (s jobState) afterFailure(maxRestarts int) jobState {
-	if s.restarts+1 > maxRestarts {
-		return s.next(s.restarts, failed)
-	}
-	return s.next(s.restarts+1, running)
-}
-
-func parseJobState(b []byte) (jobState, error) {
-	f := strings.Fields(string(b))
-	if len(f) == 2 || len(f) == 3 {
-		r, err1 := strconv.Atoi(f[0])
-		k, err2 := strconv.Atoi(f[1])
-		s := jobState{round: r, restarts: k}
-		if len(f) == 3 {
-			s.end = jobEnd(f[2])
-		}
-		if err1 == nil && err2 == nil && r >= 0 && k >= 0 && (s.end == running || s.end == ended || s.end == failed) {
-			return s, nil
-		}
-	}
-	return jobState{}, fmt.Errorf("rendezvous/etcd: malformed job state %q", b)
-}
 
 // member is what a node publishes when it joins a round.
 type member struct {

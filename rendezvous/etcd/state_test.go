@@ -33,33 +33,6 @@ func TestNextStep(t *testing.T) {
 	}
 }
 
-func TestJobStateTransitions(t *testing.T) {
-	cases := []struct {
-		from       jobState
-		maxRestart int
-		want       jobState
-	}{
-		{jobState{0, 0, running}, 3, jobState{1, 1, running}},
-		{jobState{4, 2, running}, 3, jobState{5, 3, running}},
-		{jobState{5, 3, running}, 3, jobState{6, 3, failed}},
-		{jobState{0, 0, running}, 0, jobState{1, 0, failed}},
-	}
-	for _, c := range cases {
-		if got := c.from.afterFailure(c.maxRestart); got != c.want {
-			t.Errorf("%v.afterFailure(%d) = %v, want %v", c.from, c.maxRestart, got, c.want)
-		}
-		back, err := parseJobState([]byte(c.want.String()))
-		if err != nil || back != c.want {
-			t.Errorf("parse(%q) = %v, %v", c.want.String(), back, err)
-		}
-	}
-	for _, bad := range []string{"", "1", "a b", "1 2 gone", "-1 0", "1 2 3 4"} {
-		if _, err := parseJobState([]byte(bad)); err == nil {
-			t.Errorf("parseJobState(%q) accepted", bad)
-		}
-	}
-}
-
 func TestOrder(t *testing.T) {
 	ms := []member{
 		{ID: "late", Rank: -1, arrival: 30},
