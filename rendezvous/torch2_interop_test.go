@@ -1,18 +1,13 @@
 package rendezvous
 
 import (
-	"bufio"
 	"context"
-	"encoding/json"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"reflect"
-	"strconv"
 	"strings"
 	"sync"
 	"testing"
-	"time"
 
 	"github.com/gorun/gorun/internal/torch2test"
 )
@@ -49,32 +44,7 @@ func startTorch2(tb testing.TB, args ...string) *torchProcess {
 	root := requireTorch2(tb)
 	src, err := os.ReadFile(torch2Script)
 	mustDo(tb, err)
-	argv := root.Python(append([]string{"-c", string(src)}, args...)...)
-	ctx, cancel := context.WithCancel(context.Background())
-	cmd := exec.CommandContext(ctx, argv[0], argv[1:]...)
-	cmd.Stderr = &testLogWriter{tb: tb}
-	cmd.WaitDelay = 5 * time.Second
-	stdin, err := cmd.StdinPipe()
-	mustDo(tb, err)
-	stdout, err := cmd.StdoutPipe()
-	mustDo(tb, err)
-	mustDo(tb, cmd.Start())
-	tb.Cleanup(func() {
-		stdin.Close() // "serve" exits on EOF
-		done := make(chan struct{})
-		go func() {
-			_ = cmd.Wait()
-			close(done)
-		}()
-		select {
-		case <-done:
-		case <-time.After(testTimeout):
-			cancel()
-			<-done
-		}
-		cancel()
-	})
-	return &torchProcess{cmd: cmd, stdin: stdin, lines: bufio.NewScanner(stdout)}
+	return startScript(tb, root.Python(append([]string{"-c", string(src)}, args...)...))
 }
 
 // TestTorch2ClientAgainstOurServer runs torch 2.6's TCPStore client, every
@@ -85,60 +55,41 @@ func TestTorch2ClientAgainstOurServer(t *testing.T) {
 	host, port, _ := strings.Cut(addr, ":")
 	py := startTorch2(t, "client", host, port)
 
-	expect := func(step string, want any) {
-		t.Helper()
-		raw := py.next(t, step)
-		got := reflect.New(reflect.TypeOf(want))
-		if err := json.Unmarshal(raw, got.Interface()); err != nil {
-			t.Fatalf("step %s: result %s: %v", step, raw, err)
-		}
-		if !reflect.DeepEqual(got.Elem().Interface(), want) {
-			t.Errorf("step %s: got %s, want %v", step, raw, want)
-		}
-	}
-	expectError := func(step string, contains string) {
-		t.Helper()
-		raw := py.next(t, step)
-		var got struct{ Error string }
-		if err := json.Unmarshal(raw, &got); err != nil || got.Error == "" || !strings.Contains(got.Error, contains) {
-			t.Errorf("step %s: got %s, want an error containing %q", step, raw, contains)
-		}
-	}
-	expect("libuv", false)
-	expect("set_get", "v1")
-	expect("set_get_bytes", "\x00\u00ff") // latin-1 decoded
-	expect("add", []any{5.0, 3.0, "3"})
-	expect("add_overflow", int64(-9223372036854775808))
-	expectError("add_non_integer", "DistNetworkError")
-	expect("after_add_non_integer", "P")
-	expect("check", []bool{true, true, false, true})
-	expect("compare_set", []string{"abc", "first", "second", "second", "second"})
-	expect("append", "a\x00b")
-	expect("multi_get", []string{"", "x", "\u00ff", "x"})
-	expect("multi_get_empty", []string{})
-	expectError("multi_set_mismatch", "same size")
-	expect("wait_present", true)
-	expect("wait_present_timeout", true)
-	expectError("wait_timeout", "wait timeout after 200ms, keys: /nokey")
-	expectError("wait_multi_timeout", "wait timeout after 200ms, keys: /k1, /nokey2")
-	expect("after_wait_timeout", "v1")
-	expect("delete_key", []bool{true, false, false})
-	expect("num_keys_delta", 2)
+	py.expect(t, "libuv", false)
+	py.expect(t, "set_get", "v1")
+	py.expect(t, "set_get_bytes", "\x00\u00ff") // latin-1 decoded
+	py.expect(t, "add", []any{5.0, 3.0, "3"})
+	py.expect(t, "add_overflow", int64(-9223372036854775808))
+	py.expectError(t, "add_non_integer", "DistNetworkError")
+	py.expect(t, "after_add_non_integer", "P")
+	py.expect(t, "check", []bool{true, true, false, true})
+	py.expect(t, "compare_set", []string{"abc", "first", "second", "second", "second"})
+	py.expect(t, "append", "a\x00b")
+	py.expect(t, "multi_get", []string{"", "x", "\u00ff", "x"})
+	py.expect(t, "multi_get_empty", []string{})
+	py.expectError(t, "multi_set_mismatch", "same size")
+	py.expect(t, "wait_present", true)
+	py.expect(t, "wait_present_timeout", true)
+	py.expectError(t, "wait_timeout", "wait timeout after 200ms, keys: /nokey")
+	py.expectError(t, "wait_multi_timeout", "wait timeout after 200ms, keys: /k1, /nokey2")
+	py.expect(t, "after_wait_timeout", "v1")
+	py.expect(t, "delete_key", []bool{true, false, false})
+	py.expect(t, "num_keys_delta", 2)
 	n, err := srv.Store().NumKeys(context.Background())
 	mustDo(t, err)
-	expect("num_keys", int(n))
-	expectError("set_timeout_get", "wait timeout after 300ms")
+	py.expect(t, "num_keys", int(n))
+	py.expectError(t, "set_timeout_get", "wait timeout after 300ms")
 	// torch 2.6 lacks the queues and list_keys; were it to grow them, the
 	// script runs them and this test must learn their results.
-	expect("later_ops", []string{})
+	py.expect(t, "later_ops", []string{})
 
-	expect("waiting", true)
+	py.expect(t, "waiting", true)
 	waitUntil(t, func() bool {
 		return srv.table.waitingOn("/woken") > 0
 	})
 	mustDo(t, NewPrefixStore("", srv.Store()).Set(context.Background(), "woken", []byte("by go")))
-	expect("woken", "by go")
-	expect("done", true)
+	py.expect(t, "woken", "by go")
+	py.expect(t, "done", true)
 
 	// torch's keys as they landed in our table: "/" prefixed, but init/.
 	if got := mustGet(t, srv.Store(), "init/"); got != "1" {
@@ -215,10 +166,5 @@ func TestOurClientAgainstTorch2Server(t *testing.T) {
 // address.
 func startTorch2Server(tb testing.TB) string {
 	tb.Helper()
-	py := startTorch2(tb, "serve")
-	var port int
-	if err := json.Unmarshal(py.next(tb, "port"), &port); err != nil {
-		tb.Fatal(err)
-	}
-	return "127.0.0.1:" + strconv.Itoa(port)
+	return startTorch2(tb, "serve").serverAddr(tb)
 }

@@ -44,9 +44,16 @@ type torchLine struct {
 
 func startTorch(tb testing.TB, args ...string) *torchProcess {
 	tb.Helper()
-	python := requireTorch(tb)
+	return startScript(tb, append([]string{requireTorch(tb), torchScript}, args...))
+}
+
+// startScript runs argv, a torch client script, and reads its JSON lines;
+// it closes the script's stdin when the test ends ("serve" exits on EOF)
+// and kills it if it has not exited within testTimeout.
+func startScript(tb testing.TB, argv []string) *torchProcess {
+	tb.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
-	cmd := exec.CommandContext(ctx, python, append([]string{torchScript}, args...)...)
+	cmd := exec.CommandContext(ctx, argv[0], argv[1:]...)
 	cmd.Stderr = &testLogWriter{tb: tb}
 	cmd.WaitDelay = 5 * time.Second
 	stdin, err := cmd.StdinPipe()
@@ -55,7 +62,7 @@ func startTorch(tb testing.TB, args ...string) *torchProcess {
 	mustDo(tb, err)
 	mustDo(tb, cmd.Start())
 	tb.Cleanup(func() {
-		stdin.Close() // "serve" exits on EOF
+		stdin.Close()
 		done := make(chan struct{})
 		go func() {
 			_ = cmd.Wait()
@@ -88,6 +95,42 @@ func (p *torchProcess) next(tb testing.TB, step string) json.RawMessage {
 	return l.Result
 }
 
+// expect checks that the script's next step is step and its result,
+// decoded as want's type, equals want.
+func (p *torchProcess) expect(tb testing.TB, step string, want any) {
+	tb.Helper()
+	raw := p.next(tb, step)
+	got := reflect.New(reflect.TypeOf(want))
+	if err := json.Unmarshal(raw, got.Interface()); err != nil {
+		tb.Fatalf("step %s: result %s: %v", step, raw, err)
+	}
+	if !reflect.DeepEqual(got.Elem().Interface(), want) {
+		tb.Errorf("step %s: got %s, want %v", step, raw, want)
+	}
+}
+
+// expectError checks that the script's next step is step and that it
+// failed with an error containing contains.
+func (p *torchProcess) expectError(tb testing.TB, step, contains string) {
+	tb.Helper()
+	raw := p.next(tb, step)
+	var got struct{ Error string }
+	if err := json.Unmarshal(raw, &got); err != nil || got.Error == "" || !strings.Contains(got.Error, contains) {
+		tb.Errorf("step %s: got %s, want an error containing %q", step, raw, contains)
+	}
+}
+
+// serverAddr reads the port a "serve" script's server listens on and returns
+// its address.
+func (p *torchProcess) serverAddr(tb testing.TB) string {
+	tb.Helper()
+	var port int
+	if err := json.Unmarshal(p.next(tb, "port"), &port); err != nil {
+		tb.Fatal(err)
+	}
+	return "127.0.0.1:" + strconv.Itoa(port)
+}
+
 // testLogWriter forwards the script's stderr to the test log.
 type testLogWriter struct {
 	mu sync.Mutex
@@ -109,51 +152,31 @@ func TestTorchClientAgainstOurServer(t *testing.T) {
 	host, port, _ := strings.Cut(addr, ":")
 	py := startTorch(t, "client", host, port)
 
-	expect := func(step string, want any) {
-		t.Helper()
-		raw := py.next(t, step)
-		got := reflect.New(reflect.TypeOf(want))
-		if err := json.Unmarshal(raw, got.Interface()); err != nil {
-			t.Fatalf("step %s: result %s: %v", step, raw, err)
-		}
-		if !reflect.DeepEqual(got.Elem().Interface(), want) {
-			t.Errorf("step %s: got %s, want %v", step, raw, want)
-		}
-	}
-	expectError := func(step string, contains string) {
-		t.Helper()
-		raw := py.next(t, step)
-		var got struct{ Error string }
-		if err := json.Unmarshal(raw, &got); err != nil || !strings.Contains(got.Error, contains) {
-			t.Errorf("step %s: got %s, want an error containing %q", step, raw, contains)
-		}
-	}
-
-	expect("set_get", "v1")
-	expect("set_get_bytes", "\x00\u00ff") // latin-1 decoded
-	expect("add", []any{5.0, 3.0, "3"})
-	expect("add_quirks", []int64{13, 8, 5, 1})
-	expect("add_overflow", int64(-9223372036854775808))
-	expectError("add_non_integer", "")
-	expect("after_add_non_integer", "P")
-	expect("compare_set", []string{"abc", "first", "second", "second", "second", ""})
-	expect("wait_present", true)
-	expectError("wait_timeout", "Socket Timeout")
-	expectError("wait_multi_timeout", "Socket Timeout")
-	expect("delete_key", []bool{true, false})
-	expect("num_keys_delta", 2)
+	py.expect(t, "set_get", "v1")
+	py.expect(t, "set_get_bytes", "\x00\u00ff") // latin-1 decoded
+	py.expect(t, "add", []any{5.0, 3.0, "3"})
+	py.expect(t, "add_quirks", []int64{13, 8, 5, 1})
+	py.expect(t, "add_overflow", int64(-9223372036854775808))
+	py.expectError(t, "add_non_integer", "")
+	py.expect(t, "after_add_non_integer", "P")
+	py.expect(t, "compare_set", []string{"abc", "first", "second", "second", "second", ""})
+	py.expect(t, "wait_present", true)
+	py.expectError(t, "wait_timeout", "Socket Timeout")
+	py.expectError(t, "wait_multi_timeout", "Socket Timeout")
+	py.expect(t, "delete_key", []bool{true, false})
+	py.expect(t, "num_keys_delta", 2)
 	n, err := srv.Store().NumKeys(context.Background())
 	mustDo(t, err)
-	expect("num_keys", int(n))
-	expectError("set_timeout_get", "Socket Timeout")
+	py.expect(t, "num_keys", int(n))
+	py.expectError(t, "set_timeout_get", "Socket Timeout")
 
-	expect("waiting", true)
+	py.expect(t, "waiting", true)
 	waitUntil(t, func() bool {
 		return srv.table.waitingOn("/woken") > 0
 	})
 	mustDo(t, NewPrefixStore("", srv.Store()).Set(context.Background(), "woken", []byte("by go")))
-	expect("woken", "by go")
-	expect("done", true)
+	py.expect(t, "woken", "by go")
+	py.expect(t, "done", true)
 
 	// torch's keys as they landed in our table: "/" prefixed, but init/.
 	if got := mustGet(t, srv.Store(), "init/"); got != "1" {
@@ -201,10 +224,5 @@ func TestOurClientAgainstTorchServer(t *testing.T) {
 // address.
 func startTorchServer(tb testing.TB) string {
 	tb.Helper()
-	py := startTorch(tb, "serve")
-	var port int
-	if err := json.Unmarshal(py.next(tb, "port"), &port); err != nil {
-		tb.Fatal(err)
-	}
-	return "127.0.0.1:" + strconv.Itoa(port)
+	return startTorch(tb, "serve").serverAddr(tb)
 }
