@@ -42,9 +42,11 @@ const (
 	DefaultHeartbeatMisses   = 3
 )
 
-// DynamicOptions configure an elastic rendezvous of MinNodes to MaxNodes
-// nodes. Zero durations and counts take the defaults above.
-type DynamicOptions struct {
+// ElasticOptions are what every elastic rendezvous backend takes (Dynamic
+// here, the etcd handler in rendezvous/etcd): who this node is, the job
+// it joins and how long it waits. Zero durations and counts take the
+// defaults above.
+type ElasticOptions struct {
 	// RunID names the job; every node of a job gives the same (default
 	// "none", as torch's).
 	RunID string
@@ -63,8 +65,8 @@ type DynamicOptions struct {
 	// follow the requests only when every participant makes one. The zero
 	// value asks for rank 0.
 	NodeRank int
-	// StoreHost and StorePort locate the store that workers join; every
-	// Round reports them.
+	// StoreHost and StorePort locate the store that workers join, hosted
+	// by the round's group rank 0; every Round reports them.
 	StoreHost string
 	StorePort int
 	// JoinTimeout bounds Next for a node that no complete round takes in
@@ -73,10 +75,57 @@ type DynamicOptions struct {
 	// LastCallTimeout is how long a round stays open for more nodes once
 	// MinNodes have joined, as measured by each waiting node's own clock.
 	LastCallTimeout time.Duration
-	// CloseTimeout bounds what Close, a join that the store failed, and a
-	// join abandoned by its caller (withdrawn by the next Next or Close)
-	// still say to the store; Leave takes its bound from its caller.
+	// CloseTimeout bounds what Close, a join that the backend failed, and
+	// a join abandoned by its caller (withdrawn by the next Next or Close)
+	// still say to the backend; Leave takes its bound from its caller.
 	CloseTimeout time.Duration
+	// Expected names the hosts of the job's nodes, one per node, when the
+	// launcher knows them (a Slurm step): a waiting node's progress reports
+	// and its join timeout name those not there.
+	Expected []string
+	// MaxRestarts is the job's restart budget, shared by every node.
+	MaxRestarts int
+	Logger      zerolog.Logger
+	// Now reads the clock (default time.Now). Waits use the runtime's
+	// timers, so tests fake both with testing/synctest.
+	Now func() time.Time
+}
+
+// WithDefaults returns o with the defaults in place of its zero fields.
+func (o ElasticOptions) WithDefaults() ElasticOptions {
+	orDuration(&o.JoinTimeout, DefaultJoinTimeout)
+	orDuration(&o.LastCallTimeout, DefaultLastCallTimeout)
+	orDuration(&o.CloseTimeout, DefaultCloseTimeout)
+	if o.RunID == "" {
+		o.RunID = "none"
+	}
+	o.MinNodes = max(o.MinNodes, 1)
+	if o.MaxNodes == 0 {
+		o.MaxNodes = o.MinNodes
+	}
+	o.NProc = max(o.NProc, 1)
+	if o.Host == "" {
+		o.Host, _ = os.Hostname()
+	}
+	if o.NodeID == "" {
+		o.NodeID = fmt.Sprintf("%s:%d:%s", o.Host, os.Getpid(), rand.Text()[:8])
+	}
+	if o.Now == nil {
+		o.Now = time.Now
+	}
+	return o
+}
+
+// orDuration sets *d to def when *d is not positive.
+func orDuration(d *time.Duration, def time.Duration) {
+	if *d <= 0 {
+		*d = def
+	}
+}
+
+// DynamicOptions configure a c10d rendezvous on a store.
+type DynamicOptions struct {
+	ElasticOptions
 	// HostsStore says that the store lives in this process and goes with
 	// it: leaving then ends the job (Leave), since the others cannot go on
 	// without the store.
@@ -97,47 +146,13 @@ type DynamicOptions struct {
 	// at once rather than at its next heartbeat. The handler owns it as it
 	// owns the main store.
 	HeartbeatStore Store
-	// Expected names the hosts of the job's nodes, one per node, when the
-	// launcher knows them (a Slurm step): a waiting node's progress reports
-	// and its join timeout name those not there.
-	Expected []string
-	// MaxRestarts is the job's restart budget, shared by every node.
-	MaxRestarts int
-	Logger      zerolog.Logger
-	// Now reads the clock (default time.Now). Waits use the runtime's
-	// timers, so tests fake both with testing/synctest.
-	Now func() time.Time
 }
 
 func (o DynamicOptions) withDefaults() DynamicOptions {
-	orDuration := func(d *time.Duration, def time.Duration) {
-		if *d <= 0 {
-			*d = def
-		}
-	}
-	orDuration(&o.JoinTimeout, DefaultJoinTimeout)
-	orDuration(&o.LastCallTimeout, DefaultLastCallTimeout)
-	orDuration(&o.CloseTimeout, DefaultCloseTimeout)
+	o.ElasticOptions = o.ElasticOptions.WithDefaults()
 	orDuration(&o.HeartbeatInterval, DefaultHeartbeatInterval)
 	if o.HeartbeatMisses <= 0 {
 		o.HeartbeatMisses = DefaultHeartbeatMisses
-	}
-	if o.RunID == "" {
-		o.RunID = "none"
-	}
-	o.MinNodes = max(o.MinNodes, 1)
-	if o.MaxNodes == 0 {
-		o.MaxNodes = o.MinNodes
-	}
-	o.NProc = max(o.NProc, 1)
-	if o.Host == "" {
-		o.Host, _ = os.Hostname()
-	}
-	if o.NodeID == "" {
-		o.NodeID = fmt.Sprintf("%s:%d:%s", o.Host, os.Getpid(), rand.Text()[:8])
-	}
-	if o.Now == nil {
-		o.Now = time.Now
 	}
 	return o
 }

@@ -35,12 +35,12 @@ type testJob struct {
 
 func newTestJob(t testing.TB, minNodes, maxNodes int) *testJob {
 	mem := NewMemoryStore(0)
-	return &testJob{t: t, store: func() Store { return NewPrefixStore("", mem) }, opts: DynamicOptions{
+	return &testJob{t: t, store: func() Store { return NewPrefixStore("", mem) }, opts: DynamicOptions{ElasticOptions: ElasticOptions{
 		RunID:    "job",
 		MinNodes: minNodes, MaxNodes: maxNodes,
 		NodeRank: -1,
 		Logger:   zerolog.New(zerolog.NewTestWriter(t)).Level(zerolog.InfoLevel),
-	}}
+	}}}
 }
 
 // tcpJob is a testJob whose nodes dial a Server on 127.0.0.1.
@@ -857,10 +857,12 @@ func joinAtScale(tb testing.TB, store string, n int, runID string) scaleRun {
 	for i := range nodes {
 		name := fmt.Sprintf("n%04d", i)
 		nodes[i] = NewDynamic(&countingStore{Store: stores[i], n: &calls}, DynamicOptions{
-			RunID: runID, MinNodes: n, MaxNodes: n, NodeRank: -1,
-			NodeID: name, Host: "host-" + name, Logger: zerolog.Nop(),
+			ElasticOptions: ElasticOptions{
+				RunID: runID, MinNodes: n, MaxNodes: n, NodeRank: -1,
+				NodeID: name, Host: "host-" + name, Logger: zerolog.Nop(),
+				JoinTimeout: 5 * time.Minute,
+			},
 			HeartbeatInterval: time.Minute, // quiet: joins only
-			JoinTimeout:       5 * time.Minute,
 		})
 	}
 	defer closeAll(tb, nodes)

@@ -371,23 +371,12 @@ func newDynamic(ctx context.Context, spec *elastic.Spec, log zerolog.Logger, met
 		}
 	}
 	h := rendezvous.NewDynamic(ep.Store, rendezvous.DynamicOptions{
-		RunID:    spec.RunID,
-		MinNodes: spec.MinNodes, MaxNodes: spec.MaxNodes,
-		Host: spec.Host, Addr: addr,
-		NProc:             spec.NProcPerNode,
-		NodeRank:          spec.NodeRank,
-		StoreHost:         addr,
-		JoinTimeout:       d.JoinTimeout,
-		LastCallTimeout:   d.LastCallTimeout,
-		CloseTimeout:      d.CloseTimeout,
+		ElasticOptions:    elasticOptions(spec, addr, log),
 		HeartbeatInterval: d.HeartbeatInterval,
 		HeartbeatMisses:   d.HeartbeatMisses,
 		HeartbeatTimeout:  d.HeartbeatTimeout,
 		HeartbeatStore:    ep.Heartbeats,
 		HostsStore:        ep.Hosting,
-		Expected:          spec.NodeHosts,
-		MaxRestarts:       spec.MaxRestarts,
-		Logger:            log,
 	})
 	return h, func(jobOver bool) {
 		// Leaving ended the job (HostsStore): the others, woken, read that
@@ -425,20 +414,9 @@ func newEtcd(spec *elastic.Spec, log zerolog.Logger) (rendezvous.Handler, func(j
 		return nil, nil, err
 	}
 	h := rendezvousetcd.New(cli, rendezvousetcd.Options{
-		RunID:    spec.RunID,
-		MinNodes: spec.MinNodes, MaxNodes: spec.MaxNodes,
-		Host: spec.Host, Addr: addr,
-		NProc:           spec.NProcPerNode,
-		NodeRank:        spec.NodeRank,
-		StoreHost:       addr,
-		JoinTimeout:     d.JoinTimeout,
-		LastCallTimeout: d.LastCallTimeout,
-		CloseTimeout:    d.CloseTimeout,
-		LeaseTTL:        e.LeaseTTL,
-		RequestTimeout:  d.ReadTimeout,
-		Expected:        spec.NodeHosts,
-		MaxRestarts:     spec.MaxRestarts,
-		Logger:          log,
+		ElasticOptions: elasticOptions(spec, addr, log),
+		LeaseTTL:       e.LeaseTTL,
+		RequestTimeout: d.ReadTimeout,
 	})
 	// The handler owns the client; Close closes both.
 	return h, func(bool) {}, nil
@@ -481,4 +459,25 @@ func stopOnStdinEOF(ctx context.Context, stdin io.Reader, in <-chan os.Signal, l
 		}
 	}()
 	return out
+}
+
+// elasticOptions are this node's part in an elastic rendezvous, whichever
+// the backend: it advertises addr, where it hosts the workers' store
+// when it is the round's group rank 0.
+func elasticOptions(spec *elastic.Spec, addr string, log zerolog.Logger) rendezvous.ElasticOptions {
+	d := spec.Dynamic
+	return rendezvous.ElasticOptions{
+		RunID:    spec.RunID,
+		MinNodes: spec.MinNodes, MaxNodes: spec.MaxNodes,
+		Host: spec.Host, Addr: addr,
+		NProc:           spec.NProcPerNode,
+		NodeRank:        spec.NodeRank,
+		StoreHost:       addr,
+		JoinTimeout:     d.JoinTimeout,
+		LastCallTimeout: d.LastCallTimeout,
+		CloseTimeout:    d.CloseTimeout,
+		Expected:        spec.NodeHosts,
+		MaxRestarts:     spec.MaxRestarts,
+		Logger:          log,
+	}
 }

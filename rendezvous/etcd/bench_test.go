@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/gorun/gorun/internal/etcdtest"
+	"github.com/gorun/gorun/rendezvous"
 )
 
 // BenchmarkRound measures how long a round of 200, 1,000 and 4,096
@@ -47,8 +48,11 @@ func BenchmarkRound(b *testing.B) {
 						b.Fatal(err)
 					}
 					hs[n] = New(cli, Options{
-						RunID: run, MinNodes: nodes, MaxNodes: nodes, NodeID: fmt.Sprintf("n%d", n), Host: "h", NodeRank: -1,
-						JoinTimeout: 5 * time.Minute, LeaseTTL: 30 * time.Second, RequestTimeout: 5 * time.Minute,
+						ElasticOptions: rendezvous.ElasticOptions{
+							RunID: run, MinNodes: nodes, MaxNodes: nodes, NodeID: fmt.Sprintf("n%d", n), Host: "h", NodeRank: -1,
+							JoinTimeout: 5 * time.Minute,
+						},
+						LeaseTTL: 30 * time.Second, RequestTimeout: 5 * time.Minute,
 					})
 				}
 				start, cpu0, etcd0 := time.Now(), processCPU(), c.CPU()

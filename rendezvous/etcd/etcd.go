@@ -25,7 +25,6 @@ package etcd
 
 import (
 	"context"
-	"crypto/rand"
 	"crypto/tls"
 	"crypto/x509"
 	"errors"
@@ -50,32 +49,12 @@ const (
 )
 
 // Options configure the rendezvous of MinNodes to MaxNodes nodes. Zero
-// durations and counts take the defaults (rendezvous.Default*, and the
-// ones above).
+// durations take the defaults above.
 type Options struct {
+	rendezvous.ElasticOptions
 	// Prefix is where the handler's jobs live in etcd; a job's keys are
 	// under "<Prefix>/<RunID>/".
 	Prefix string
-	// RunID names the job (default "none").
-	RunID              string
-	MinNodes, MaxNodes int
-	// NodeID identifies this agent, unique in the job (default
-	// "<host>:<pid>:<random>").
-	NodeID string
-	// Host (default the hostname) and Addr name the node in reports.
-	Host, Addr string
-	// NProc is the number of workers this node runs (default 1).
-	NProc int
-	// NodeRank is the group rank this node asks for, or -1 for none.
-	NodeRank int
-	// StoreHost and StorePort are reported in every Round: where the
-	// round's group rank 0 hosts the workers' store.
-	StoreHost string
-	StorePort int
-	// JoinTimeout bounds Next for a node that no complete round takes in
-	// (spares excepted); LastCallTimeout is how long a round stays open
-	// once MinNodes joined; CloseTimeout bounds what Close says to etcd.
-	JoinTimeout, LastCallTimeout, CloseTimeout time.Duration
 	// LeaseTTL is how long this node's keys outlive it: the time the
 	// others take to learn that it died or was cut off from etcd. etcd
 	// counts it in whole seconds, and the shortest it grants is about
@@ -84,47 +63,18 @@ type Options struct {
 	// RequestTimeout bounds each request to etcd: how long a node waits
 	// for a cluster that has lost its quorum before it says so.
 	RequestTimeout time.Duration
-	// Expected names the hosts of the job's nodes, one per node, when the
-	// launcher knows them (a Slurm step): a waiting node's progress reports
-	// and its join timeout name those not there.
-	Expected []string
-	// MaxRestarts is the job's restart budget, shared by every node.
-	MaxRestarts int
-	Logger      zerolog.Logger
-	// Now reads the clock (default time.Now).
-	Now func() time.Time
 }
 
 func (o Options) withDefaults() Options {
-	orDuration := func(d *time.Duration, def time.Duration) {
-		if *d <= 0 {
-			*d = def
-		}
+	o.ElasticOptions = o.ElasticOptions.WithDefaults()
+	if o.LeaseTTL <= 0 {
+		o.LeaseTTL = DefaultLeaseTTL
 	}
-	orDuration(&o.JoinTimeout, rendezvous.DefaultJoinTimeout)
-	orDuration(&o.LastCallTimeout, rendezvous.DefaultLastCallTimeout)
-	orDuration(&o.CloseTimeout, rendezvous.DefaultCloseTimeout)
-	orDuration(&o.LeaseTTL, DefaultLeaseTTL)
-	orDuration(&o.RequestTimeout, DefaultRequestTimeout)
+	if o.RequestTimeout <= 0 {
+		o.RequestTimeout = DefaultRequestTimeout
+	}
 	if o.Prefix == "" {
 		o.Prefix = DefaultPrefix
-	}
-	if o.RunID == "" {
-		o.RunID = "none"
-	}
-	o.MinNodes = max(o.MinNodes, 1)
-	if o.MaxNodes == 0 {
-		o.MaxNodes = o.MinNodes
-	}
-	o.NProc = max(o.NProc, 1)
-	if o.Host == "" {
-		o.Host, _ = os.Hostname()
-	}
-	if o.NodeID == "" {
-		o.NodeID = fmt.Sprintf("%s:%d:%s", o.Host, os.Getpid(), rand.Text()[:8])
-	}
-	if o.Now == nil {
-		o.Now = time.Now
 	}
 	return o
 }

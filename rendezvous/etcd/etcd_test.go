@@ -16,9 +16,12 @@ import (
 // testOptions are short timings for node n of a 2:3 job.
 func testOptions(run string, n int) Options {
 	return Options{
-		RunID: run, MinNodes: 2, MaxNodes: 3, NodeID: fmt.Sprintf("n%d", n), Host: "h", NProc: 2, NodeRank: -1,
-		LastCallTimeout: 500 * time.Millisecond, JoinTimeout: 20 * time.Second,
-		LeaseTTL: 2 * time.Second, RequestTimeout: 5 * time.Second, CloseTimeout: 2 * time.Second, MaxRestarts: 1,
+		ElasticOptions: rendezvous.ElasticOptions{
+			RunID: run, MinNodes: 2, MaxNodes: 3, NodeID: fmt.Sprintf("n%d", n), Host: "h", NProc: 2, NodeRank: -1,
+			LastCallTimeout: 500 * time.Millisecond, JoinTimeout: 20 * time.Second, CloseTimeout: 2 * time.Second,
+			MaxRestarts: 1,
+		},
+		LeaseTTL: 2 * time.Second, RequestTimeout: 5 * time.Second,
 	}
 }
 
