@@ -377,7 +377,7 @@ func (d *Dynamic) Next(ctx context.Context) (*Round, error) {
 		default:
 			reason := fmt.Sprintf("node %s on %s waits to join (round %d has %d of max %d nodes)",
 				o.NodeID, o.Host, st.Round, v.n, o.MaxNodes)
-			if _, err := d.job.advance(ctx, st, st.Next(st.Restarts, jobstate.Running), reason); err != nil {
+			if _, err := d.job.advance(ctx, st, st.Superseded(), reason); err != nil {
 				return nil, fmt.Errorf("rendezvous: open the round after %d: %w", st.Round, err)
 			}
 		}
@@ -419,7 +419,7 @@ func (d *Dynamic) leaveRound(ctx context.Context) (jobstate.State, error) {
 	}
 	reason := fmt.Sprintf("node %s on %s asked for a new round", d.opts.NodeID, d.opts.Host)
 	if st == prevState {
-		st, err = d.job.advance(ctx, st, st.Next(st.Restarts, jobstate.Running), reason)
+		st, err = d.job.advance(ctx, st, st.Superseded(), reason)
 		if err != nil {
 			return st, err
 		}
@@ -570,7 +570,7 @@ func (d *Dynamic) withdraw(ctx context.Context, st jobstate.State, idx int) erro
 	n, err := d.job.decide(ctx, st.Round, 0)
 	if err == nil && idx < n {
 		reason := fmt.Sprintf("node %s on %s left", d.opts.NodeID, d.opts.Host)
-		_, err = d.job.advance(ctx, st, st.Next(st.Restarts, jobstate.Running), reason)
+		_, err = d.job.advance(ctx, st, st.Superseded(), reason)
 	}
 	if err != nil {
 		d.log.Warn().Err(err).Int("round", st.Round).Msg("could not withdraw from the round")
@@ -607,7 +607,7 @@ func (d *Dynamic) takePart(ctx context.Context, st jobstate.State, idx int, v ve
 	if errors.Is(err, errUnregistered) {
 		reason := fmt.Sprintf("a node of round %d never registered", r)
 		d.log.Warn().Int("round", r).Msg(reason)
-		_, err := d.job.advance(ctx, st, st.Next(st.Restarts, jobstate.Running), reason)
+		_, err := d.job.advance(ctx, st, st.Superseded(), reason)
 		return nil, err
 	}
 	var p place

@@ -243,7 +243,7 @@ func (d *Dynamic) AwaitReports(ctx context.Context, timeout time.Duration) error
 		}
 		return fmt.Errorf("rendezvous: count the failures being weighed: %w", err)
 	}
-	// An end opens the round after the last one (jobstate.State.next): the
+	// An end opens the round after the last one (jobstate.State.Ending): the
 	// reports that count are of the round it superseded.
 	r := st.Round
 	if st.End != jobstate.Running {
@@ -313,7 +313,7 @@ func (d *Dynamic) endJob(ctx context.Context, st jobstate.State, reason string) 
 	var err error
 	// Each lost CompareSet means the state moved on; ctx bounds the race.
 	for err == nil && st.End == jobstate.Running {
-		st, err = d.job.advance(ctx, st, st.Next(st.Restarts, jobstate.Ended), reason)
+		st, err = d.job.advance(ctx, st, st.Ending(), reason)
 	}
 	return err
 }
@@ -362,7 +362,7 @@ func (d *Dynamic) leave(ctx context.Context) error {
 	if ri != nil && !ri.ended() {
 		if !o.HostsStore {
 			reason := fmt.Sprintf("node %s on %s left", o.NodeID, o.Host)
-			to := st.Next(st.Restarts, jobstate.Running)
+			to := st.Superseded()
 			if cur, aerr := d.job.advance(ctx, st, to, reason); aerr != nil {
 				err = errors.Join(err, fmt.Errorf("rendezvous: leave round %d: %w", st.Round, aerr))
 			} else if cur == to {

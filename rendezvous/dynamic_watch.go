@@ -83,7 +83,7 @@ func (d *Dynamic) watchRound(ctx context.Context, ri *RoundInfo, st jobstate.Sta
 			case now.Sub(lastChange) >= window:
 				reason := fmt.Sprintf("node %s on %s missed %d heartbeats", next.Next, next.NextHost, o.HeartbeatMisses)
 				d.log.Warn().Int("round", st.Round).Str("dead", next.Next).Msg(reason)
-				if _, err := d.beats.advance(ctx, st, st.Next(st.Restarts, jobstate.Running), reason); err != nil {
+				if _, err := d.beats.advance(ctx, st, st.Superseded(), reason); err != nil {
 					return "", err
 				}
 			}

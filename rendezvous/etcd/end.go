@@ -102,7 +102,7 @@ func (h *Handler) Done(ctx context.Context, timeout time.Duration) error {
 func (h *Handler) endJob(ctx context.Context, st jobstate.State, reason string) error {
 	var err error
 	for err == nil && st.End == jobstate.Running {
-		st, err = h.advance(ctx, st, st.Next(st.Restarts, jobstate.Ended), reason)
+		st, err = h.advance(ctx, st, st.Ending(), reason)
 	}
 	return err
 }

@@ -97,7 +97,7 @@ func (h *Handler) leaveRound(ctx context.Context) (jobstate.State, error) {
 	}
 	if st == prevState {
 		reason := fmt.Sprintf("node %s on %s asked for a new round", h.opts.NodeID, h.opts.Host)
-		if st, err = h.advance(ctx, st, st.Next(st.Restarts, jobstate.Running), reason); err != nil {
+		if st, err = h.advance(ctx, st, st.Superseded(), reason); err != nil {
 			return st, err
 		}
 	}
@@ -445,7 +445,7 @@ func (h *Handler) join(ctx context.Context, st jobstate.State, lease clientv3.Le
 		case stepOpenNext:
 			reason := fmt.Sprintf("node %s on %s waits to join (round %d has %d of max %d nodes)",
 				o.NodeID, o.Host, r, s.decision.N, o.MaxNodes)
-			_, err := h.advance(ctx, st, st.Next(st.Restarts, jobstate.Running), reason)
+			_, err := h.advance(ctx, st, st.Superseded(), reason)
 			return nil, err
 		}
 		if !now.Before(rendezvous.NextProgress(start, reported)) {
@@ -891,7 +891,7 @@ func (h *Handler) watchRound(ri *rendezvous.RoundInfo, st jobstate.State, d deci
 							reason = fmt.Sprintf("node %s on %s lost its etcd lease", m.ID, m.Host)
 						}
 						rctx, rcancel := context.WithTimeout(ctx, h.opts.RequestTimeout)
-						_, err := h.advance(rctx, st, st.Next(st.Restarts, jobstate.Running), reason)
+						_, err := h.advance(rctx, st, st.Superseded(), reason)
 						rcancel()
 						if err != nil {
 							h.log.Warn().Err(err).Msg("could not end the round")
@@ -961,7 +961,7 @@ func (h *Handler) leave(ctx context.Context) error {
 	var err error
 	if ri != nil && ri.Reason() == "" {
 		reason := fmt.Sprintf("node %s on %s left", h.opts.NodeID, h.opts.Host)
-		if _, aerr := h.advance(ctx, st, st.Next(st.Restarts, jobstate.Running), reason); aerr != nil {
+		if _, aerr := h.advance(ctx, st, st.Superseded(), reason); aerr != nil {
 			err = aerr
 		}
 		ri.End("this node left the rendezvous")

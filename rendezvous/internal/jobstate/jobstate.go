@@ -41,20 +41,26 @@ func (s State) String() string {
 // Bytes is String as a store value.
 func (s State) Bytes() []byte { return []byte(s.String()) }
 
-// Next is the state that opens the round after s's, with its restart
-// count.
-func (s State) Next(restarts int, end End) State {
+// next is the state that opens the round after s's.
+func (s State) next(restarts int, end End) State {
 	return State{Round: s.Round + 1, Restarts: restarts, End: end}
 }
+
+// Superseded is the state that ends s's round at no cost to the restart
+// budget: a node was lost, left, or waits for a place.
+func (s State) Superseded() State { return s.next(s.Restarts, Running) }
+
+// Ending is the state that ends the job after s's round.
+func (s State) Ending() State { return s.next(s.Restarts, Ended) }
 
 // AfterFailure is the state that a failure in s's round moves the job
 // to: the next round, one restart more, or failed once that is over
 // maxRestarts.
 func (s State) AfterFailure(maxRestarts int) State {
 	if s.Restarts+1 > maxRestarts {
-		return s.Next(s.Restarts, Failed)
+		return s.next(s.Restarts, Failed)
 	}
-	return s.Next(s.Restarts+1, Running)
+	return s.next(s.Restarts+1, Running)
 }
 
 // FailureReason is why a failure of node on host moved the job to s (an

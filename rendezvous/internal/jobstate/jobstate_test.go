@@ -28,6 +28,16 @@ func TestAfterFailure(t *testing.T) {
 	}
 }
 
+func TestSupersededAndEnding(t *testing.T) {
+	from := State{Round: 4, Restarts: 2}
+	if got, want := from.Superseded(), (State{Round: 5, Restarts: 2}); got != want {
+		t.Errorf("%v.Superseded() = %v, want %v", from, got, want)
+	}
+	if got, want := from.Ending(), (State{Round: 5, Restarts: 2, End: Ended}); got != want {
+		t.Errorf("%v.Ending() = %v, want %v", from, got, want)
+	}
+}
+
 func TestParse(t *testing.T) {
 	for _, s := range []State{{}, {Round: 7, Restarts: 2}, {Round: 8, Restarts: 2, End: Failed}, {Round: 3, End: Ended}} {
 		got, err := Parse(s.Bytes())
