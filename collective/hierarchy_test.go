@@ -438,3 +438,26 @@ func TestRemoteHost(t *testing.T) {
 		}
 	}
 }
+
+// TestSpinLimit: only a large frame from another host is waited for at
+// the link's pace; a small one, or any from this host, as a local one.
+func TestSpinLimit(t *testing.T) {
+	c := config{yieldSpin: 10 * time.Millisecond, remoteSpin: time.Millisecond}
+	cases := []struct {
+		remote bool
+		n      int
+		want   time.Duration
+	}{
+		{false, 8, c.yieldSpin},
+		{false, 16 << 20, c.yieldSpin},
+		{true, 8, c.yieldSpin},
+		{true, remoteSmallMax, c.yieldSpin},
+		{true, remoteSmallMax + 1, c.remoteSpin},
+		{true, 16 << 20, c.remoteSpin},
+	}
+	for _, k := range cases {
+		if got := c.spinLimit(k.remote, k.n); got != k.want {
+			t.Errorf("spinLimit(remote %v, %d bytes) = %v, want %v", k.remote, k.n, got, k.want)
+		}
+	}
+}

@@ -165,10 +165,9 @@ func (o *op) await(r *recvReq) error {
 // frames (drive), yielding the core every few looks (on a machine with
 // more ranks than cores, the peer may need it to send what we wait for:
 // at 4 ranks on 2 cores this halved an 8-byte all_reduce), until no byte
-// has moved for awaitYieldSpin (remoteYieldSpin for a frame from another
-// host). Without a connection to read (shared memory, AnySource, not
-// connected yet) it spins only for awaitSpin, while the transport's
-// poller runs on the other P (twoPs, procs.go). It stops early when the
+// has moved for config.spinLimit. Without a connection to read (shared
+// memory, AnySource, not connected yet) it spins only for awaitSpin,
+// while the transport's poller runs on the other P (twoPs, procs.go). It stops early when the
 // op's context ends or the communicator fails.
 func (o *op) poll(r *recvReq) bool {
 	select {
@@ -190,10 +189,7 @@ func (o *op) poll(r *recvReq) bool {
 	}
 	limit := awaitSpin
 	if len(conns) > 0 {
-		limit = o.c.cfg.yieldSpin
-		if t.peers[r.src].remote {
-			limit = o.c.cfg.remoteSpin
-		}
+		limit = o.c.cfg.spinLimit(t.peers[r.src].remote, len(r.buf))
 		for _, ic := range conns {
 			ic.spin()
 		}

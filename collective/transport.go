@@ -106,8 +106,8 @@ const (
 	// 13.9 against 10.6 ms; 16 MiB: 58.7 against 50.6), while 10, 50 and
 	// 200 ms measured alike.
 	awaitYieldSpin = 10 * time.Millisecond
-	// remoteYieldSpin is awaitYieldSpin for a frame from a peer on
-	// another host: it comes at the link's pace, which spinning cannot
+	// remoteYieldSpin is awaitYieldSpin for a frame over remoteSmallMax
+	// from a peer on another host: it comes at the link's pace, which spinning cannot
 	// speed, and a spinning rank takes the core from the work that
 	// feeds the link (its host peers' shared-memory phases, the
 	// kernel's network stack). 4 hosts of 2 ranks on 2 cores, links
@@ -115,6 +115,9 @@ const (
 	// of runs interleaved: 10 ms 735 ms, 1 ms 523, 200 us 516; the link
 	// idle in 46% of 5 ms windows at 10 ms, 24% at 1 ms.
 	remoteYieldSpin = time.Millisecond
+	// remoteSmallMax is the largest frame from another host that an op
+	// waits for as for a local one (config.spinLimit): see there.
+	remoteSmallMax = inlineWriteMax
 	// spinLooks is how many looks at its sockets a spinning op takes
 	// between yields of the core (op.poll, op.flush). Over TCP on 2
 	// cores, medians of 8 runs, 4 against 8: an 8-byte all_reduce of 4
