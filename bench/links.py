@@ -65,14 +65,14 @@ RATE = "2gbit"
 PREFIX = "gorunlk"
 SUBNET = "10.201.0"
 # The algorithms GORUN_ALGO forces, per collective, between hosts (the
-# shared-memory ones need a single host). Where a collective has no
-# hierarchical form yet, "hier" measures the automatic choice again.
+# shared-memory ones need a single host): the hierarchical form and every
+# flat one, so that the automatic choice is judged against each.
 ALGOS = {
     "allreduce": ("hier", "ring", "rhd", "rd"),
     "broadcast": ("hier", "tree", "chain"),
     "allgather": ("hier", "ring", "bruck"),
     "reduce_scatter": ("hier", "ring", "rd"),
-    "alltoall": ("hier",),  # "direct" is its only flat algorithm, the automatic one
+    "alltoall": ("hier", "direct"),
 }
 ANCHORS = ("mpi", "gloo")
 # Targets (issue 25), over 1 MiB to 64 MiB.
