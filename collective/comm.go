@@ -120,11 +120,11 @@ type config struct {
 // soon as the peer gets to it, and waiting for it is a matter of wake-ups:
 // with more ranks than cores, a rank that parks after remoteSpin must be
 // woken and scheduled, behind the peers still spinning, for every frame
-// of a latency-bound collective. 4 shaped hosts of 2 ranks on 2 cores,
-// medians of 3 runs interleaved, before and after: 8-byte all_reduce
-// 657 and 500 us (Open MPI 302), all_gather 1,098 and 389, all_to_all
-// 2,359 and 619; 64 KiB all_reduce 3.7 and 2.2 ms, all_gather 4.2 and
-// 0.84; 1 and 16 MiB unchanged within the runs' noise, and 2 hosts too.
+// of a latency-bound collective. 4 shaped hosts of 2 ranks on 2 cores
+// (bench/links.py), before and after: 8-byte all_reduce 1,033 and 430 us
+// (Open MPI 298), 32-byte all_gather 3,716 and 423, all_to_all 3,744 and
+// 677; 64 KiB all_gather 0.016 and 0.068 GB/s busbw; 1 and 16 MiB, and
+// 2 hosts, unchanged within the runs' noise (runs interleaved).
 func (c config) spinLimit(remote bool, n int) time.Duration {
 	if remote && n > remoteSmallMax {
 		return c.remoteSpin

@@ -167,8 +167,8 @@ func (o *op) await(r *recvReq) error {
 // at 4 ranks on 2 cores this halved an 8-byte all_reduce), until no byte
 // has moved for config.spinLimit. Without a connection to read (shared
 // memory, AnySource, not connected yet) it spins only for awaitSpin,
-// while the transport's poller runs on the other P (twoPs, procs.go). It stops early when the
-// op's context ends or the communicator fails.
+// while the transport's poller runs on the other P (twoPs, procs.go). It
+// stops early when the op's context ends or the communicator fails.
 func (o *op) poll(r *recvReq) bool {
 	select {
 	case <-r.done:
