@@ -124,7 +124,7 @@ type config struct {
 // (bench/links.py), before and after: 8-byte all_reduce 1,033 and 430 us
 // (Open MPI 298), 32-byte all_gather 3,716 and 423, all_to_all 3,744 and
 // 677; 64 KiB all_gather 0.016 and 0.068 GB/s busbw; 1 and 16 MiB, and
-// 2 hosts, unchanged within the runs' noise (runs interleaved).
+// 2 hosts, unchanged within the runs' noise.
 func (c config) spinLimit(remote bool, n int) time.Duration {
 	if remote && n > remoteSmallMax {
 		return c.remoteSpin
