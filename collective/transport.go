@@ -107,10 +107,10 @@ const (
 	// 200 ms measured alike.
 	awaitYieldSpin = 10 * time.Millisecond
 	// remoteYieldSpin is awaitYieldSpin for a frame over remoteSmallMax
-	// from a peer on another host: it comes at the link's pace, which spinning cannot
-	// speed, and a spinning rank takes the core from the work that
-	// feeds the link (its host peers' shared-memory phases, the
-	// kernel's network stack). 4 hosts of 2 ranks on 2 cores, links
+	// from a peer on another host: it comes at the link's pace, which
+	// spinning cannot speed, and a spinning rank takes the core from the
+	// work that feeds the link (its host peers' shared-memory phases,
+	// the kernel's network stack). 4 hosts of 2 ranks on 2 cores, links
 	// shaped to 500 Mbit/s, hierarchical all_reduce of 16 MiB, medians
 	// of runs interleaved: 10 ms 735 ms, 1 ms 523, 200 us 516; the link
 	// idle in 46% of 5 ms windows at 10 ms, 24% at 1 ms.
