@@ -189,7 +189,7 @@ func (o *op) poll(r *recvReq) bool {
 	}
 	limit := awaitSpin
 	if len(conns) > 0 {
-		limit = o.c.cfg.spinLimit(t.peers[r.src].remote, len(r.buf))
+		limit = o.c.cfg.spinLimit(t.peers[r.src].remote, int(r.want.length)) // not len(r.buf): a borrowing receive's changes under the matcher's lock
 		for _, ic := range conns {
 			ic.spin()
 		}
