@@ -3,6 +3,7 @@ package collective
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"strings"
@@ -199,9 +200,10 @@ func TestHierarchicalReduceScatter(t *testing.T) {
 
 // TestHierarchicalAllToAll: every rank gets every rank's piece for it,
 // with even counts and counts that differ per pair (empty pieces among
-// them, and pieces longer than a window), by the hierarchical form on
-// grids (which the default and GORUN_ALGO=hier choose) and pairwise
-// exchange elsewhere.
+// them, pieces longer than a window, and in "mixed" pieces that go alone
+// beside pieces through the rails, for every dtype but Uint8), by the
+// hierarchical form on grids (which the default and GORUN_ALGO=hier
+// choose) and pairwise exchange elsewhere.
 func TestHierarchicalAllToAll(t *testing.T) {
 	for _, hosts := range movementLayouts {
 		t.Run(fmt.Sprint(hosts), func(t *testing.T) {
@@ -213,6 +215,12 @@ func TestHierarchicalAllToAll(t *testing.T) {
 				"even":   func(int, int) int { return 700 },
 				"uneven": func(from, to int) int { return (from*977 + to*1543) % 3001 },
 				"empty":  func(int, int) int { return 0 },
+				"mixed": func(from, to int) int {
+					if (from+to)%2 == 0 {
+						return allToAllAloneMin/4 + 1 // alone from 4-byte elements on, across 3 hosts
+					}
+					return 300
+				},
 			}
 			for name, pair := range pairs {
 				for _, dt := range []DType{Uint8, Float32, Float64} {
@@ -341,6 +349,50 @@ func TestHierarchicalMovementMismatch(t *testing.T) {
 				return o
 			})
 			expectMismatch(t, comms, tc.call)
+		})
+	}
+}
+
+// TestHierarchicalAllToAllWayMismatch: a rank whose count for a piece
+// from another host puts it on another way than its sender does (alone
+// against through the rail, each way round, the sender on the rank's
+// rail or not) fails its own call with a mismatch that says so, at once:
+// it does not wait for a frame that will not come, nor for its peers'
+// next call to show it.
+func TestHierarchicalAllToAllWayMismatch(t *testing.T) {
+	cases := []struct {
+		name          string
+		sender        int // rank 2 is on rank 0's rail, rank 3 not
+		receiverAlone bool
+	}{
+		{"alone from a rail's sender", 2, false},
+		{"alone for the receiver from a rail's sender", 2, true},
+		{"alone from another sender", 3, false},
+		{"alone for the receiver from another sender", 3, true},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			comms := hostsWorld(t, []int{0, 0, 1, 1, 2, 2}, TCPOptions{})
+			ctx := testContext(t, 20*time.Second)
+			start := time.Now()
+			errs := onAll(comms, func(r int, c Comm) error {
+				send, recv := slices.Repeat([]int{100}, 6), slices.Repeat([]int{100}, 6)
+				switch {
+				case r == tc.sender && !tc.receiverAlone:
+					send[0] = allToAllAloneMin // alone: 4-byte elements
+				case r == 0 && tc.receiverAlone:
+					recv[tc.sender] = allToAllAloneMin
+				}
+				return c.AllToAll(ctx, make([]byte, 4*sum(recv)), make([]byte, 4*sum(send)), Float32, send, recv)
+			})
+			if d := time.Since(start); d > 5*time.Second {
+				t.Errorf("took %v: a mismatch must fail at once", d)
+			}
+			err := errs[0]
+			if !errors.Is(err, ErrMismatch) || !strings.Contains(err.Error(), "counts") {
+				t.Fatalf("rank 0: %v, want a mismatch of counts", err)
+			}
+			t.Logf("rank 0: %v", err)
 		})
 	}
 }

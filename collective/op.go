@@ -22,10 +22,15 @@ type op struct {
 	sends  []*sendReq
 	unsent int      // sends before it are written (drive)
 	held   []*frame // scratch buffers, back to the pool at finish
+	// sending is another op whose queued sends this one hands to the
+	// writer goroutines with its own (handoff), or nil: the world op of
+	// an all_to_all whose host view this op runs, with pieces in flight
+	// while the host's ranks meet.
+	sending *op
 }
 
 func (o *op) reset(c *comm, ctx context.Context, h header) {
-	o.c, o.ctx, o.hdr = c, ctx, h
+	o.c, o.ctx, o.hdr, o.sending = c, ctx, h, nil
 }
 
 // label names the op in errors: "all_reduce seq 7", "send to rank 2 tag 5".
@@ -342,6 +347,9 @@ func (o *op) drive() {
 // handoff gives the op's unwritten frames to the writer goroutines: the
 // op is about to block on something other than its sockets.
 func (o *op) handoff() {
+	if o.sending != nil {
+		o.sending.handoff()
+	}
 	var last *outConn
 	for _, s := range o.sends[o.unsent:] {
 		if !s.consumed && len(s.done) == 0 && s.conn != last {
@@ -567,6 +575,13 @@ func (o *op) mismatch(r *recvReq) error {
 		}
 		e.detail = fmt.Sprintf("expected %d bytes at offset %d, rank %d sent %d bytes at offset %d",
 			r.want.length, r.want.offset, peer, r.got.length, r.got.offset)
+	case want.root != got.root && !want.coll.rooted() && want.seq == got.seq && want.algo == got.algo:
+		// The hierarchical reduce_scatter and all_to_all hash the counts
+		// their frames stand for into the root field (countsKey).
+		e.detail = fmt.Sprintf("rank %d and rank %d were given counts that disagree", o.c.rank, peer)
+		if want.coll == collAllToAll {
+			e.detail = fmt.Sprintf("rank %d's receive counts for the pieces from rank %d's host disagree with that host's send counts", o.c.rank, peer)
+		}
 	case got.seq < want.seq && got.seq == prev.seq:
 		// The peer's frame outlived a call that completed here: a
 		// broadcast or scatter root only sends, so disagreeing roots
