@@ -410,12 +410,13 @@ func (o *op) allToAllHierarchical(out, in []byte, sends, recvs []span) error {
 	for d, s := range sends {
 		binary.LittleEndian.PutUint64(own[8*d:], uint64(s.len))
 	}
-	// While the host's ranks meet, the view's waits hand the pieces sent
-	// alone to the writer goroutines, for nobody would write them: on 4
-	// shaped hosts, a 1 MiB call took 32 ms with them left for the world
-	// op to write once the view was done, 28 ms handed over, where the flat
-	// exchange took 27 (a handoff by every wait, all_gather's too, made the
-	// hierarchical 16 MiB all_gather 15% slower).
+	// While the host's ranks meet, the view's waits write the pieces sent
+	// alone, which nobody else would (op.sending): on 4 shaped hosts, a
+	// 1 MiB call took 32 ms with them left for the world op to write once
+	// the view was done, 28 ms with them handed to the writer goroutines
+	// at the first wait, where the flat exchange took 27. (Handing every
+	// world op's frames over at a view's wait, all_gather's too, made
+	// the hierarchical 16 MiB all_gather 15% slower.)
 	ho := hv.join(o)
 	ho.sending = o
 	if err := hv.leave(ho, ho.allGatherShared(all, own, -1)); err != nil {

@@ -22,10 +22,10 @@ type op struct {
 	sends  []*sendReq
 	unsent int      // sends before it are written (drive)
 	held   []*frame // scratch buffers, back to the pool at finish
-	// sending is another op whose queued sends this one hands to the
-	// writer goroutines with its own (handoff), or nil: the world op of
-	// an all_to_all whose host view this op runs, with pieces in flight
-	// while the host's ranks meet.
+	// sending is another op whose queued sends this one writes while it
+	// waits in shared memory, or nil: the world op of an all_to_all whose
+	// host view this op runs, with pieces in flight while the host's
+	// ranks meet (shmwait.go).
 	sending *op
 }
 
@@ -347,9 +347,6 @@ func (o *op) drive() {
 // handoff gives the op's unwritten frames to the writer goroutines: the
 // op is about to block on something other than its sockets.
 func (o *op) handoff() {
-	if o.sending != nil {
-		o.sending.handoff()
-	}
 	var last *outConn
 	for _, s := range o.sends[o.unsent:] {
 		if !s.consumed && len(s.done) == 0 && s.conn != last {

@@ -157,6 +157,7 @@ func (o *op) firstWritten(peers []int, g uint32) (int, time.Time) {
 		} else if look%every == 0 && time.Since(start) >= shmSpin {
 			return 0, start
 		}
+		o.driveSending()
 		if o.c.shm.crowded {
 			o.yieldFor(peers[0])
 		}

@@ -116,14 +116,17 @@ func (o *op) awaitSharedSince(peer int, word *atomic.Uint32, stamp uint32, curre
 		}
 		switch {
 		case sleeping:
+			o.handoffSending()
 			region.sleepers.Add(1)
 			if v := word.Load(); !reached(v, stamp) {
 				futexWait(word, v, shmNap)
 			}
 			region.sleepers.Add(^uint32(0)) // minus one
 		case s.crowded:
+			o.driveSending()
 			o.yieldFor(peer)
 		default:
+			o.driveSending()
 			for range shmPollsPerLook {
 				if reached(word.Load(), stamp) {
 					break
@@ -133,6 +136,22 @@ func (o *op) awaitSharedSince(peer int, word *atomic.Uint32, stamp uint32, curre
 		if reached(word.Load(), stamp) {
 			return o.checkSharedPeer(peer, current)
 		}
+	}
+}
+
+// driveSending writes what the op named in o.sending has queued, as far
+// as its sockets take it now, as that op would while it waited on them.
+func (o *op) driveSending() {
+	if o.sending != nil {
+		o.sending.drive()
+	}
+}
+
+// handoffSending hands what the op named in o.sending has queued to the
+// writer goroutines: the wait goes to sleep, and nobody would write it.
+func (o *op) handoffSending() {
+	if o.sending != nil {
+		o.sending.handoff()
 	}
 }
 
