@@ -100,9 +100,10 @@ func chooseAllToAll(t topology) algorithm {
 // grid; hierAllToAll says all_to_all does. On 2 and 4 hosts of 2 ranks
 // joined by shaped links (bench/links.py), the hierarchical forms never
 // lost by more than the runs' noise at 1 MiB to 64 MiB, but all_to_all's
-// at 1 MiB on 4 hosts (0.86 to 0.89x the flat exchange), which it beats
-// at 8 bytes and 64 KiB: see the README. all_to_all goes by the
-// topology alone (allToAllAlgorithm), so one choice serves every size.
+// at 1 MiB on 4 hosts (0.86 to 0.89x the flat exchange; 0.90 to 0.97x
+// since its large pieces go alone, goesAlone), which it beats at 8 bytes
+// and 64 KiB: see the README. all_to_all goes by the topology alone
+// (allToAllAlgorithm), so one choice serves every size.
 const (
 	hierMovementMin = 0
 	hierAllToAll    = true
@@ -112,12 +113,12 @@ const (
 // hosts hosts goes straight to its receiver rather than through the
 // rails (allToAllHierarchical): one of allToAllAloneMin bytes or more,
 // when there are more than 2 hosts. Measured on shaped links
-// (bench/links.py), 10 interleaved rounds: on 4 hosts at 500 Mbit/s, a
-// 1 MiB call (128 KiB pieces) took 26.6 ms alone, 34.2 through the
-// rails, 27.1 by the flat exchange; 8 bytes to 256 KiB (pieces of 32
-// KiB) and 16 MiB measured alike. On 2 hosts at 2 Gbit/s the rails won
-// at every size: 256 KiB 1.12 ms against 1.43 alone, 1 MiB 4.6 against
-// 5.0. 3 hosts are unmeasured.
+// (bench/links.py), interleaved rounds: on 4 hosts at 500 Mbit/s, a
+// 1 MiB call (128 KiB pieces) took 28.7 ms alone, 31.6 through the
+// rails, 27.8 by the flat exchange (8 rounds); 8 bytes to 256 KiB
+// (pieces of 32 KiB) and 16 MiB measured alike. On 2 hosts at 2 Gbit/s
+// the rails won at every size: 256 KiB 1.12 ms against 1.43 alone,
+// 1 MiB 4.6 against 5.0 (10 rounds). 3 hosts are unmeasured.
 func goesAlone(n, hosts int) bool { return hosts > 2 && n >= allToAllAloneMin }
 
 const allToAllAloneMin = 32 << 10
