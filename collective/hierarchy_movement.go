@@ -582,6 +582,7 @@ func (o *op) allToAllHierarchical(out, in []byte, sends, recvs []span) error {
 		}
 		return nil
 	})
+	o.hdr = call // the call, as it ends, rather than its last frame
 	if err = cmp.Or(werr, hv.leave(ho, err)); err != nil {
 		return err
 	}
