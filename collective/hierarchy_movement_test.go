@@ -398,33 +398,36 @@ func TestHierarchicalAllToAllWayMismatch(t *testing.T) {
 }
 
 // TestHierarchicalMovementPeerDeath: a rank that dies mid-call, on the
-// host or across, is named by every other rank, at once.
+// host or across, is named by every other rank, at once; on 3 hosts too,
+// where all_to_all's pieces go alone.
 func TestHierarchicalMovementPeerDeath(t *testing.T) {
 	size := 1 << 20
 	calls := map[string]func(ctx context.Context, c Comm, in, out []byte) error{
 		"all_gather": func(ctx context.Context, c Comm, in, out []byte) error {
-			return c.AllGather(ctx, out, in, Float32)
+			return c.AllGather(ctx, out[:c.Size()*len(in)], in, Float32)
 		},
 		"all_to_all": func(ctx context.Context, c Comm, in, out []byte) error {
 			q := len(in) / 4 / c.Size()
-			counts := []int{q, q, q, q}
-			return c.AllToAll(ctx, out[:len(in)], in, Float32, counts, counts)
+			counts := slices.Repeat([]int{q}, c.Size())
+			return c.AllToAll(ctx, out[:4*q*c.Size()], in[:4*q*c.Size()], Float32, counts, counts)
 		},
 		"reduce_scatter": func(ctx context.Context, c Comm, in, out []byte) error {
 			q := len(in) / 4 / c.Size()
-			return c.ReduceScatter(ctx, out[:4*q], in[:4*q*c.Size()], Float32, Sum, []int{q, q, q, q})
+			return c.ReduceScatter(ctx, out[:4*q], in[:4*q*c.Size()], Float32, Sum, slices.Repeat([]int{q}, c.Size()))
 		},
 	}
-	for name, call := range calls {
-		for _, victim := range []int{1, 2} {
-			t.Run(fmt.Sprintf("%s/rank %d", name, victim), func(t *testing.T) {
-				comms := hostsWorld(t, []int{0, 0, 1, 1}, TCPOptions{Algorithm: "hier"})
-				ctx := testContext(t, 60*time.Second)
-				closeDuring(t, comms, victim, func(c Comm) func() error {
-					in, out := make([]byte, size), make([]byte, 4*size)
-					return func() error { return call(ctx, c, in, out) }
+	for _, hosts := range [][]int{{0, 0, 1, 1}, {0, 0, 1, 1, 2, 2}} {
+		for name, call := range calls {
+			for _, victim := range []int{1, 2} {
+				t.Run(fmt.Sprintf("%v/%s/rank %d", hosts, name, victim), func(t *testing.T) {
+					comms := hostsWorld(t, hosts, TCPOptions{Algorithm: "hier"})
+					ctx := testContext(t, 60*time.Second)
+					closeDuring(t, comms, victim, func(c Comm) func() error {
+						in, out := make([]byte, size), make([]byte, len(hosts)*size)
+						return func() error { return call(ctx, c, in, out) }
+					})
 				})
-			})
+			}
 		}
 	}
 }
