@@ -10,8 +10,8 @@ import (
 )
 
 // outConn is our connection to one peer. Its frames go out in order from
-// one queue, written without blocking by whoever holds the right to
-// write (writing):
+// one queue, written without blocking by whoever holds its write token
+// (writer):
 //
 //   - the sender itself, for a small frame with nothing ahead of it
 //     (enqueue), since handing it over would cost more than the write;
@@ -26,18 +26,27 @@ type outConn struct {
 	t    *transport
 	peer int // world rank
 	conn net.Conn
-	raw  syscall.RawConn
 
-	mu      sync.Mutex
-	cond    sync.Cond  // signalled when handed frames are queued, writing ends or err is set
-	queue   []*sendReq // oldest first; the first may be partly written
-	sent    int        // bytes of queue[0]'s frame written
-	writing bool       // someone holds the right to write
-	handed  bool       // the writer goroutine should write what is queued
-	err     error      // set once; queued and later sends fail with it
+	mu     sync.Mutex
+	cond   sync.Cond  // signalled when handed frames are queued, the token comes back or err is set
+	queue  []*sendReq // oldest first; the first may be partly written
+	sent   int        // bytes of queue[0]'s frame written
+	taken  bool       // the write token is out (w is in use)
+	handed bool       // the writer goroutine should write what is queued
+	err    error      // set once; queued and later sends fail with it
 
-	iov   []unix.Iovec // scratch of whoever writes, kept to allocate nothing
-	batch []*sendReq   // scratch: the frames a write finished
+	w writer // reached only by taking the token: tryTakeWriter, awaitHanded
+}
+
+// writer is an outConn's write token: the socket and the writing scratch,
+// held by one writer at a time. Whoever holds it may write the queue's
+// head; everybody may append to the queue under mu.
+type writer struct {
+	o   *outConn
+	raw syscall.RawConn
+
+	iov   []unix.Iovec // kept to allocate nothing
+	batch []*sendReq   // the frames a write finished
 
 	// The callbacks for raw, made once (a closure made per call would be
 	// allocated), and what the last one pushed.
@@ -54,12 +63,14 @@ func newOutConn(t *transport, peer int, c net.Conn) (*outConn, error) {
 	if err != nil {
 		return nil, err
 	}
-	o := &outConn{t: t, peer: peer, conn: c, raw: raw, iov: make([]unix.Iovec, 0, maxIovec)}
+	o := &outConn{t: t, peer: peer, conn: c}
 	o.cond.L = &o.mu
-	o.pushOnce = func(fd uintptr) { o.pushErr = o.push(int(fd)) }
-	o.pushUntil = func(fd uintptr) bool {
-		o.pushErr = o.push(int(fd))
-		return o.pushErr != errWouldBlock // false: wait until writable
+	w := &o.w
+	*w = writer{o: o, raw: raw, iov: make([]unix.Iovec, 0, maxIovec)}
+	w.pushOnce = func(fd uintptr) { w.pushErr = w.push(int(fd)) }
+	w.pushUntil = func(fd uintptr) bool {
+		w.pushErr = w.push(int(fd))
+		return w.pushErr != errWouldBlock // false: wait until writable
 	}
 	return o, nil
 }
@@ -87,29 +98,35 @@ func (o *outConn) enqueue(r *sendReq, driven bool) {
 	}
 }
 
-// drive writes what the socket takes now, unless someone else is
-// writing; an op calls it while it waits.
+// drive writes what the socket takes now, unless someone else holds the
+// write token; an op calls it while it waits.
 func (o *outConn) drive() {
-	o.mu.Lock()
-	if o.writing || o.err != nil || len(o.queue) == 0 {
-		o.mu.Unlock()
-		return
+	if w := o.tryTakeWriter(); w != nil {
+		w.give(w.pushNow())
 	}
-	o.writing = true
-	o.mu.Unlock()
-	o.release(o.pushNow())
 }
 
-// pushNow writes what the socket takes without waiting. The caller holds
-// the right to write.
-func (o *outConn) pushNow() error {
-	if err := o.raw.Control(o.pushOnce); err != nil {
-		return err
-	}
-	if o.pushErr == errWouldBlock {
+// tryTakeWriter takes the write token if nobody holds it and there is
+// something to write, else returns nil.
+func (o *outConn) tryTakeWriter() *writer {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if o.taken || o.err != nil || len(o.queue) == 0 {
 		return nil
 	}
-	return o.pushErr
+	o.taken = true
+	return &o.w
+}
+
+// pushNow writes what the socket takes without waiting.
+func (w *writer) pushNow() error {
+	if err := w.raw.Control(w.pushOnce); err != nil {
+		return err
+	}
+	if w.pushErr == errWouldBlock {
+		return nil
+	}
+	return w.pushErr
 }
 
 // handoff has the writer goroutine write what is queued: the op that
@@ -123,11 +140,12 @@ func (o *outConn) handoff() {
 	o.mu.Unlock()
 }
 
-// release gives up the right to write; the writer goroutine takes over
-// if frames were handed to it meanwhile.
-func (o *outConn) release(err error) {
+// give hands the write token back, with what its last write met; the
+// writer goroutine takes over if frames were handed to it meanwhile.
+func (w *writer) give(err error) {
+	o := w.o
 	o.mu.Lock()
-	o.writing = false
+	o.taken = false
 	if o.err != nil || o.handed && len(o.queue) > 0 {
 		o.cond.Signal()
 	}
@@ -138,28 +156,28 @@ func (o *outConn) release(err error) {
 }
 
 // pushAll writes queued frames until the queue is empty, waiting in the
-// runtime's poller while the socket is full. The caller holds the right
-// to write.
-func (o *outConn) pushAll() error {
-	if err := o.raw.Write(o.pushUntil); err != nil {
+// runtime's poller while the socket is full.
+func (w *writer) pushAll() error {
+	if err := w.raw.Write(w.pushUntil); err != nil {
 		return err
 	}
-	return o.pushErr
+	return w.pushErr
 }
 
 // push writes queued frames until the queue is empty or the socket full
-// (errWouldBlock). The caller holds the right to write.
-func (o *outConn) push(fd int) error {
+// (errWouldBlock).
+func (w *writer) push(fd int) error {
+	o := w.o
 	for {
 		o.mu.Lock()
 		o.skipCanceled()
-		iov := o.vectors()
+		iov := w.vectors()
 		o.mu.Unlock()
 		if len(iov) == 0 {
 			return nil
 		}
 		n, errno := writevNonblocking(fd, iov)
-		clear(o.iov[:cap(o.iov)]) // drop references to callers' buffers
+		clear(w.iov[:cap(w.iov)]) // drop references to callers' buffers
 		switch errno {
 		case 0:
 		case unix.EINTR:
@@ -170,7 +188,7 @@ func (o *outConn) push(fd int) error {
 			return errno
 		}
 		o.t.moved.Add(1)
-		o.advance(int(n))
+		w.advance(int(n))
 	}
 }
 
@@ -183,10 +201,10 @@ func (o *outConn) skipCanceled() {
 }
 
 // vectors lists the unwritten bytes of the queued frames. mu is held.
-func (o *outConn) vectors() []unix.Iovec {
-	iov := o.iov[:0]
-	skip := o.sent
-	for _, r := range o.queue {
+func (w *writer) vectors() []unix.Iovec {
+	iov := w.iov[:0]
+	skip := w.o.sent
+	for _, r := range w.o.queue {
 		if len(iov)+2 > maxIovec {
 			break
 		}
@@ -202,15 +220,16 @@ func (o *outConn) vectors() []unix.Iovec {
 			iov = append(iov, v)
 		}
 	}
-	o.iov = iov
+	w.iov = iov
 	return iov
 }
 
 // advance accounts for n bytes written, finishing the frames they
 // completed.
-func (o *outConn) advance(n int) {
+func (w *writer) advance(n int) {
+	o := w.o
 	o.mu.Lock()
-	done := o.batch[:0]
+	done := w.batch[:0]
 	n += o.sent
 	for len(o.queue) > 0 {
 		size := headerSize + len(o.queue[0].payload)
@@ -229,7 +248,7 @@ func (o *outConn) advance(n int) {
 		r.finish(nil)
 	}
 	clear(done)
-	o.batch = done
+	w.batch = done
 }
 
 // write is the writer goroutine: it writes the frames handed to it,
@@ -237,28 +256,38 @@ func (o *outConn) advance(n int) {
 func (o *outConn) write() {
 	defer o.t.wg.Done()
 	for {
-		o.mu.Lock()
-		for (!o.handed || len(o.queue) == 0 || o.writing) && o.err == nil {
-			o.cond.Wait()
-		}
-		if err := o.err; err != nil {
-			// Frames written whole are the writer's to finish as sent,
-			// even when the peer has read them and gone since.
-			for o.writing {
-				o.cond.Wait()
-			}
-			rest := o.queue
-			o.queue = nil
-			o.mu.Unlock()
-			for _, r := range rest {
+		w, unsent, err := o.awaitHanded()
+		if err != nil {
+			for _, r := range unsent {
 				r.finish(err)
 			}
 			return
 		}
-		o.writing = true
-		o.mu.Unlock()
-		o.release(o.pushAll())
+		w.give(w.pushAll())
 	}
+}
+
+// awaitHanded waits until frames are handed to the writer goroutine and
+// the write token is free, and takes it. Once the connection failed it
+// waits for the token to come back instead, and returns the frames still
+// queued: frames written whole are the writer's to finish as sent, even
+// when the peer has read them and gone since.
+func (o *outConn) awaitHanded() (*writer, []*sendReq, error) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	for (!o.handed || len(o.queue) == 0 || o.taken) && o.err == nil {
+		o.cond.Wait()
+	}
+	if o.err != nil {
+		for o.taken {
+			o.cond.Wait()
+		}
+		unsent := o.queue
+		o.queue = nil
+		return nil, unsent, o.err
+	}
+	o.taken = true
+	return &o.w, nil, nil
 }
 
 // watch waits for the peer to end the connection. The peer never writes

@@ -37,8 +37,8 @@ import (
 // the communicators that abort notes and queries go to. Each incoming
 // connection's socket and parser belong to whoever holds its read token
 // (inConn.turn: a spinning op or the poller), each outgoing one's queue
-// to whoever holds its right to write (outConn.writing: the sender, a
-// spinning op or the writer goroutine).
+// to whoever holds its write token (outConn.w: the sender, a spinning op
+// or the writer goroutine).
 //
 // Between hosts, and between all ranks when TCP is forced, a pair has
 // several streams each way (lanes; GORUN_TCP_STREAMS, as many as the
