@@ -3,8 +3,8 @@ package launcher
 import (
 	"crypto/rand"
 	"encoding/hex"
+	"errors"
 	"fmt"
-	"io"
 	"os"
 	"os/exec"
 	"os/signal"
@@ -370,19 +370,16 @@ func keeperJob(lookupEnv func(string) (string, bool)) (cgroup, mark string) {
 // killJob kills, in the keeper, every process of the job: the whole cgroup,
 // which it then removes, or every process of ours that carries the mark,
 // and their descendants.
-func killJob(cgroup, mark string, warn io.Writer) {
+func killJob(cgroup, mark string) error {
+	var errs []error
 	if cgroup != "" {
-		if err := killCgroup(cgroup, killWait); err != nil {
-			fmt.Fprintf(warn, "gorun keeper: %v\n", err)
-		}
-		if err := removeCgroup(cgroup); err != nil {
-			fmt.Fprintf(warn, "gorun keeper: %v\n", err)
-		}
+		errs = append(errs, killCgroup(cgroup, killWait), removeCgroup(cgroup))
 	}
 	if mark != "" {
 		none := func(int) bool { return false }
 		if _, left := killLeftovers(mark, none, func() {}, killWait); len(left) > 0 {
-			fmt.Fprintf(warn, "gorun keeper: processes %v of the job outlived SIGKILL\n", left)
+			errs = append(errs, fmt.Errorf("processes %v of the job outlived SIGKILL", left))
 		}
 	}
+	return errors.Join(errs...)
 }

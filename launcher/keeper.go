@@ -43,7 +43,9 @@ type Keeper struct {
 	contain *Containment // closed with the keeper; nil without one
 
 	mu      sync.Mutex
-	records *os.File // write end of the keeper's stdin; nil once closed
+	records *os.File     // write end of the keeper's stdin; nil once closed
+	groups  map[int]bool // what the keeper holds, for Close to act on
+	dirs    []string
 }
 
 // StartKeeper starts exe (normally the agent's own binary, os.Executable)
@@ -73,7 +75,7 @@ func startKeeper(exe string, env []string, args ...string) (*Keeper, error) {
 		w.Close()
 		return nil, fmt.Errorf("launcher: start keeper: %w", err)
 	}
-	return &Keeper{cmd: cmd, records: w}, nil
+	return &Keeper{cmd: cmd, records: w, groups: make(map[int]bool)}, nil
 }
 
 // Track records process group pgid, to be killed if the agent dies.
@@ -94,6 +96,11 @@ func (k *Keeper) send(op byte, pgid int) error {
 	if _, err := fmt.Fprintf(k.records, "%c%d\n", op, pgid); err != nil {
 		return fmt.Errorf("launcher: keeper: %w", err)
 	}
+	if op == '+' {
+		k.groups[pgid] = true
+	} else {
+		delete(k.groups, pgid)
+	}
 	return nil
 }
 
@@ -112,15 +119,20 @@ func (k *Keeper) RemoveOnExit(dir string) error {
 	if _, err := fmt.Fprintf(k.records, "d%s\n", strconv.Quote(dir)); err != nil {
 		return fmt.Errorf("launcher: keeper: %w", err)
 	}
+	k.dirs = append(k.dirs, dir)
 	return nil
 }
 
 var errKeeperClosed = errors.New("launcher: keeper closed")
 
-// Close ends the keeper: it kills the groups still recorded, and the job's
-// processes when it was started by Containment.StartKeeper, then exits.
-// Close waits for it, then closes the Containment. Closing twice is
-// harmless.
+// Close ends the keeper at the agent's end. The agent does here what the
+// keeper would do at its death: it kills the groups still recorded,
+// closes the Containment (which kills and removes whatever the job
+// left), and sweeps what the dead left. Then it dismisses the keeper with
+// SIGKILL, so that the agent's exit never waits for the keeper, which may
+// still be starting: a process of this binary spends tens of milliseconds
+// initialising its packages, longer than a short job runs. Closing twice
+// is harmless.
 func (k *Keeper) Close() error {
 	if k == nil {
 		return nil
@@ -128,15 +140,17 @@ func (k *Keeper) Close() error {
 	k.mu.Lock()
 	records := k.records
 	k.records = nil
+	groups := slices.Sorted(maps.Keys(k.groups))
+	dirs := k.dirs
 	k.mu.Unlock()
 	if records == nil {
 		return nil
 	}
-	err := records.Close()
-	if waitErr := k.cmd.Wait(); waitErr != nil {
-		err = errors.Join(err, fmt.Errorf("launcher: keeper: %w", waitErr))
-	}
-	return errors.Join(err, k.contain.Close())
+	// The keeper guards until all that is done: its input stays open.
+	err := errors.Join(killGroups(groups), k.contain.Close(), sweep(groups, dirs))
+	k.cmd.Process.Kill()
+	k.cmd.Wait() // killed, as it was told
+	return errors.Join(err, records.Close())
 }
 
 // MaybeRunKeeper runs the keeper and returns true when this process was
@@ -152,23 +166,29 @@ func MaybeRunKeeper(lookupEnv func(string) (string, bool)) bool {
 	signal.Ignore(syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP, syscall.SIGQUIT)
 	cgroup, mark := keeperJob(lookupEnv)
 	groups, dirs := keep(os.Stdin, os.Stderr)
+	err := errors.Join(killGroups(groups), killJob(cgroup, mark), sweep(groups, dirs))
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "gorun keeper: %v\n", err)
+	}
+	return true
+}
+
+// killGroups SIGKILLs the recorded process groups. A recorded group still
+// exists while any member lives, so its id cannot have been reused.
+func killGroups(groups []int) error {
+	var errs []error
 	for _, pgid := range groups {
-		// A recorded group still exists while any member lives, so its id
-		// cannot have been reused.
 		if err := syscall.Kill(-pgid, syscall.SIGKILL); err != nil && !errors.Is(err, syscall.ESRCH) {
-			fmt.Fprintf(os.Stderr, "gorun keeper: kill process group %d: %v\n", pgid, err)
+			errs = append(errs, fmt.Errorf("kill process group %d: %w", pgid, err))
 		}
 	}
-	killJob(cgroup, mark, os.Stderr)
-	// What the dead left, once they are dead.
-	sweep(groups, dirs, os.Stderr)
-	return true
+	return errors.Join(errs...)
 }
 
 // sweep removes what the agent's job left once its processes are gone:
 // the temporary folders dirs, unless they hold worker logs, and the
 // shared-memory segments of dead creators.
-func sweep(groups []int, dirs []string, warn io.Writer) {
+func sweep(groups []int, dirs []string) error {
 	// The segments' creators must be dead to be swept: give the killed
 	// groups a moment to go.
 	deadline := time.Now().Add(keeperSweepWait)
@@ -177,17 +197,17 @@ func sweep(groups []int, dirs []string, warn io.Writer) {
 			time.Sleep(10 * time.Millisecond)
 		}
 	}
+	var errs []error
 	for _, dir := range dirs {
 		if HasLogFiles(dir) {
 			continue
 		}
-		if err := RemoveTree(dir); err != nil {
-			fmt.Fprintf(warn, "gorun keeper: %v\n", err)
-		}
+		errs = append(errs, RemoveTree(dir))
 	}
 	if _, err := shmname.Sweep(ShmDir); err != nil && !errors.Is(err, fs.ErrNotExist) {
-		fmt.Fprintf(warn, "gorun keeper: %v\n", err)
+		errs = append(errs, err)
 	}
+	return errors.Join(errs...)
 }
 
 // keeperSweepWait bounds the keeper's wait for killed groups to end

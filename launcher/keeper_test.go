@@ -13,11 +13,13 @@ import (
 )
 
 // A worker's background child survives Pdeathsig; the keeper must kill it
-// when the agent is killed -9.
+// when the agent is killed -9, and remove the job's folders but those that
+// hold worker logs.
 func TestKeeperKillsWorkerTreeWhenAgentIsKilled(t *testing.T) {
 	t.Parallel()
+	plain, logs := jobDirs(t)
 	agent := exec.Command(os.Args[0], "-test.run=^$")
-	agent.Env = append(os.Environ(), fakeAgentEnv+"=1")
+	agent.Env = append(os.Environ(), fakeAgentEnv+"=1", fakeAgentDirsEnv+"="+plain+":"+logs)
 	agent.Stderr = os.Stderr
 	stdout, err := agent.StdoutPipe()
 	if err != nil {
@@ -42,6 +44,60 @@ func TestKeeperKillsWorkerTreeWhenAgentIsKilled(t *testing.T) {
 	// A bound for a hang: the keeper itself lives on for up to
 	// keeperSweepWait while the killed groups end, and then sweeps.
 	waitGone(t, keeperSweepWait+5*time.Second, pids...)
+	assertSwept(t, plain, logs)
+}
+
+// jobDirs makes two folders for a keeper to remove: plain, and logs, which
+// holds a worker's log and must be kept.
+func jobDirs(t *testing.T) (plain, logs string) {
+	t.Helper()
+	plain, logs = t.TempDir()+"/job", t.TempDir()+"/job"
+	for _, dir := range []string{plain, logs} {
+		if err := os.Mkdir(dir, 0o700); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := os.WriteFile(logs+"/stdout.log", []byte("kept\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return plain, logs
+}
+
+func assertSwept(t *testing.T, plain, logs string) {
+	t.Helper()
+	if _, err := os.Stat(plain); !os.IsNotExist(err) {
+		t.Errorf("the job's folder %s is still there (%v)", plain, err)
+	}
+	if _, err := os.Stat(logs + "/stdout.log"); err != nil {
+		t.Errorf("the folder holding a worker's log was not kept: %v", err)
+	}
+}
+
+// At the agent's own end, Close does the keeper's work itself and then
+// dismisses the keeper (SIGKILL), rather than waiting for it to act.
+func TestKeeperCloseDoesTheWorkAndDismissesTheKeeper(t *testing.T) {
+	t.Parallel()
+	keeper, err := StartKeeper(os.Args[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	plain, logs := jobDirs(t)
+	for _, dir := range []string{plain, logs} {
+		if err := keeper.RemoveOnExit(dir); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := keeper.Close(); err != nil {
+		t.Fatalf("Close: %v", err)
+	}
+	assertSwept(t, plain, logs)
+	state := keeper.cmd.ProcessState
+	if state == nil {
+		t.Fatal("Close returned before the keeper was reaped")
+	}
+	if ws, ok := state.Sys().(syscall.WaitStatus); !ok || !ws.Signaled() || ws.Signal() != syscall.SIGKILL {
+		t.Errorf("keeper ended with %v; want SIGKILL from Close", state)
+	}
 }
 
 // readPids reads "<name> <pid>" lines until it has every name.

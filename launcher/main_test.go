@@ -34,13 +34,24 @@ func TestMain(m *testing.M) {
 	os.Exit(m.Run())
 }
 
+// fakeAgentDirsEnv lists, separated by colons, the folders the fake agent
+// has its keeper remove.
+const fakeAgentDirsEnv = "GORUN_TEST_FAKE_AGENT_DIRS"
+
 // runFakeAgent starts a keeper and one worker that leaves a background
-// grandchild, prints the pids, then waits to be killed.
+// grandchild, records the folders of fakeAgentDirsEnv, prints the pids,
+// then waits to be killed.
 func runFakeAgent() int {
 	keeper, err := StartKeeper(os.Args[0])
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
+	}
+	for dir := range strings.SplitSeq(os.Getenv(fakeAgentDirsEnv), ":") {
+		if err := keeper.RemoveOnExit(dir); err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			return 1
+		}
 	}
 	g, err := StartGroup([]WorkerSpec{{
 		Argv:   []string{"/bin/sh", "-c", "sleep 300 & echo grandchild $!; exec sleep 300"},
