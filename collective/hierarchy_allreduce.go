@@ -104,7 +104,7 @@ type railReduce struct {
 // frames then fail the call with a mismatch rather than a wrong sum.)
 func (o *op) allReduceHierarchical(buf []byte) error {
 	h := o.c.hier
-	if !h.twoD || h.host.size() > 1 && !h.host.shared() || len(buf) <= hierLeadersMax {
+	if !byRails(h.twoD && (h.host.size() == 1 || h.host.shared()), len(buf)) {
 		return o.allReduceByLeaders(buf)
 	}
 	x := &h.reduce // reused, to allocate nothing
@@ -135,6 +135,11 @@ func (o *op) allReduceHierarchical(buf []byte) error {
 	x.buf = nil
 	return err
 }
+
+// byRails says whether a hierarchical all_reduce of n bytes runs the 2D
+// form, which needs every host's ranks to share memory (shared); else
+// it goes through the hosts' leaders.
+func byRails(shared bool, n int) bool { return shared && n > hierLeadersMax }
 
 // piece is piece p of the buffer.
 func (x *railReduce) piece(p int) span { return evenSpan(x.count, x.es, x.pieces, p) }

@@ -402,6 +402,25 @@ func TestHierarchyByDefault(t *testing.T) {
 // TestRailPieces: the 2D all_reduce's pieces are at least hierPieceMin
 // (one piece below it), at most hierPieceMax, and hierPieces where
 // that keeps them within both.
+func TestByRails(t *testing.T) {
+	for _, c := range []struct {
+		shared bool
+		n      int
+		want   bool
+	}{
+		{true, 8, false},
+		{true, hierLeadersMax, false},
+		{true, hierLeadersMax + 1, true},
+		{true, 16 << 20, true},
+		{false, 16 << 20, false},
+		{false, 8, false},
+	} {
+		if got := byRails(c.shared, c.n); got != c.want {
+			t.Errorf("byRails(%v, %d) = %v, want %v", c.shared, c.n, got, c.want)
+		}
+	}
+}
+
 func TestRailPieces(t *testing.T) {
 	cases := []struct{ n, pieces int }{
 		{0, 1},
