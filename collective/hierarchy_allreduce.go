@@ -66,11 +66,13 @@ const (
 	// across the leaders, broadcast back) rather than the 2D form's
 	// rails. Small buffers gain nothing from spreading the link's bytes
 	// over the rails, and every rail rank's frames cost the 2 cores
-	// system calls and wake-ups: 4 shaped hosts of 2 ranks at 500
-	// Mbit/s, 3 rounds interleaved, medians: 8 B 275 against 548 us
-	// (Open MPI 297), 64 KiB 1,655 against 2,202 us (Open MPI 1,661). On
+	// system calls and wake-ups. 4 shaped hosts of 2 ranks at 500
+	// Mbit/s, rounds interleaved, medians, leaders against rails (Open
+	// MPI): 8 B 287 against 560 us (366), 64 KiB 1,654 against 2,202
+	// (1,664), 96 KiB 2,477 against 3,297 (2,479), 128 KiB 4,578 against
+	// 8,150 (3,305); at 256 KiB the rails won (6.6 against 9.9 ms). On
 	// 2 hosts at 2 Gbit/s the two forms measure alike from 8 B to 1 MiB.
-	hierLeadersMax = 64 << 10
+	hierLeadersMax = 128 << 10
 )
 
 // piecesOf is how many pieces a hierarchical collective cuts n bytes

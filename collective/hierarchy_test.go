@@ -118,12 +118,13 @@ func TestLayOut(t *testing.T) {
 func TestHierarchicalAllReduce(t *testing.T) {
 	// Two and three hosts, even and uneven; with one rank on a host only
 	// the leaders' rail carries the sums.
-	layouts := [][]int{{0, 0, 1, 1}, {0, 0, 0, 1}, {0, 1, 0, 1, 1}, {0, 1, 2, 0, 1, 1, 2}}
+	// Three ranks a host give three rails.
+	layouts := [][]int{{0, 0, 1, 1}, {0, 0, 0, 1}, {0, 1, 0, 1, 1}, {0, 1, 2, 0, 1, 1, 2}, {0, 1, 0, 1, 0, 1}}
 	// Through the leaders (up to hierLeadersMax), one piece by recursive
-	// doubling across, one piece by parts, pieces beyond a shared-memory
-	// slot, and more pieces than the 2D all_reduce keeps buffers for
-	// (railDepth; hierarchy_allreduce.go).
-	sizes := []int{8, 4096, 100<<10 + 40, 200<<10 + 40, 3<<20 + 24, 7<<20 + 24}
+	// doubling across (on three rails), one piece by parts, pieces
+	// beyond a shared-memory slot, and more pieces than the 2D all_reduce
+	// keeps buffers for (railDepth; hierarchy_allreduce.go).
+	sizes := []int{8, 4096, 150<<10 + 48, 300<<10 + 48, 3<<20 + 24, 7<<20 + 24}
 	for _, transport := range []string{"auto", "unix"} {
 		for _, hosts := range layouts {
 			t.Run(fmt.Sprintf("%s/%v", transport, hosts), func(t *testing.T) {
