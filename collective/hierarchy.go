@@ -12,9 +12,11 @@ import (
 // rank. A collective runs in phases: the ranks of each host combine
 // their data in shared memory, the collective runs across hosts over
 // TCP, and the result is handed out to each host's ranks in shared
-// memory. The all_reduce crosses on every rail at once, each local rank
-// with its share of the buffer (hierarchy_allreduce.go); broadcast and
-// barrier cross between the hosts' leaders (their lowest ranks).
+// memory. The all_reduce, all_gather, reduce_scatter and all_to_all
+// cross on every rail at once, each local rank with its share of the
+// buffer (hierarchy_allreduce.go, hierarchy_movement.go); broadcast,
+// barrier and small buffers cross between the hosts' leaders, their
+// lowest ranks (hierarchy_leaders.go).
 //
 // The phases run on views of the world: communicators of a subset of its
 // ranks that share its id, its call (the op's header, so every frame and

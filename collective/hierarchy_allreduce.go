@@ -392,28 +392,3 @@ func (x *railReduce) awaitResults(at, n int) error {
 
 func (x *railReduce) hostErr(err error) error { return x.hv.viewErr(err) }
 func (x *railReduce) railErr(err error) error { return x.rv.viewErr(err) }
-
-// allReduceByLeaders reduces buf on each host at its leader, across the
-// leaders, and back to each host.
-func (o *op) allReduceByLeaders(buf []byte) error {
-	h := o.c.hier
-	if err := h.host.reduceToLeader(o, buf); err != nil {
-		return err
-	}
-	if h.leaders != nil {
-		lo := h.leaders.join(o)
-		var err error
-		switch h.leaders.allReduceAlgorithm(len(buf)) {
-		case algoRD:
-			err = lo.allReduceDoubling(buf)
-		case algoRHD:
-			err = lo.allReduceHalving(buf)
-		default:
-			err = lo.allReduceRing(buf)
-		}
-		if err = h.leaders.leave(lo, err); err != nil {
-			return err
-		}
-	}
-	return h.host.broadcastFromLeader(o, buf)
-}

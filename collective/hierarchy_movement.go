@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"encoding/binary"
 	"errors"
+	"slices"
 )
 
 // Hierarchical forms of all_gather and reduce_scatter, for a world that
@@ -33,6 +34,9 @@ type grid struct {
 	hosts, local int
 	ranks        []int
 	host, index  int // this rank's host and its index there
+	// inRankOrder says ranks[i] == i: each host runs a run of
+	// consecutive ranks, as launchers place them.
+	inRankOrder bool
 }
 
 // newGrid is the grid of hierarchy h for world rank me, or nil when the
@@ -50,6 +54,7 @@ func newGrid(h *hierarchy, me int) *grid {
 		}
 		g.ranks = append(g.ranks, rs...)
 	}
+	g.inRankOrder = slices.IsSorted(g.ranks)
 	return g
 }
 
@@ -124,8 +129,12 @@ func goesAlone(n, hosts int) bool { return hosts > 2 && n >= allToAllAloneMin }
 const allToAllAloneMin = 32 << 10
 
 // allGatherHierarchical gathers every rank's in into out: the rail's
-// blocks across hosts, then every rail's within the host.
+// blocks across hosts, then every rail's within the host; a small out
+// through the leaders (byLeaders).
 func (o *op) allGatherHierarchical(out, in []byte) error {
+	if byLeaders(len(out)) {
+		return o.allGatherByLeaders(out, in)
+	}
 	g, size := o.c.grid, len(in)
 	block := func(r int) []byte { return out[r*size:][:size] }
 	// Receives first: the rail's blocks land in place.
@@ -212,8 +221,12 @@ func (o *op) gatherRails(wo *op, out []byte, size int, recvs []*recvReq, werr *e
 // gets chunks[me] of the result: each host reduces, in shared memory,
 // the chunks of rail j at its j-th rank, which sends each other host's
 // to its rank of the rail as the windows are done and reduces what the
-// rail sends it into out.
+// rail sends it into out. A small in goes through the leaders
+// (byLeaders).
 func (o *op) reduceScatterHierarchical(out, in []byte, chunks []span) error {
+	if byLeaders(len(in)) {
+		return o.reduceScatterByLeaders(out, in, chunks)
+	}
 	g, me := o.c.grid, o.c.rank
 	hv := o.c.hier.host
 	sub := subSlot(hv.shm.slot, g.hosts*g.local)

@@ -110,7 +110,7 @@ func TestHierarchicalAllGather(t *testing.T) {
 				ctx := testContext(t, 60*time.Second)
 				n := len(comms)
 				grid := comms[0].(*comm).grid != nil
-				for _, size := range []int{0, 8, 1000, 24 << 10} {
+				for _, size := range []int{0, 8, 1000, 24 << 10, 48 << 10} {
 					ins := make([][]byte, n)
 					outs := make([][]byte, n)
 					var all []byte
@@ -150,14 +150,18 @@ func TestHierarchicalReduceScatter(t *testing.T) {
 			ctx := testContext(t, 60*time.Second)
 			n := len(comms)
 			grid := comms[0].(*comm).grid != nil
+			// Inputs through the leaders and, from 4-byte types on, the
+			// larger uneven ones through the rails.
 			even := make([]int, n)
 			uneven := make([]int, n)
+			larger := make([]int, n)
 			for r := range n {
 				even[r] = 3000
 				uneven[r] = (r * 1237) % 5000 // rank 0's is empty
+				larger[r] = (r * 12373) % 50000
 			}
-			uneven[n-1] = 0
-			for _, counts := range [][]int{even, uneven} {
+			uneven[n-1], larger[n-1] = 0, 0
+			for _, counts := range [][]int{even, uneven, larger} {
 				for _, dt := range allDTypes {
 					for _, op := range opsFor(dt) {
 						total := 0
@@ -301,12 +305,33 @@ func TestHierarchicalMovementMismatch(t *testing.T) {
 			}
 			return c.AllGather(ctx, make([]byte, 4*n), make([]byte, n), Uint8)
 		}},
+		{"all_gather size by the rails", -1, func(ctx context.Context, r int, c Comm) error {
+			n := 64 << 10
+			if r == 2 {
+				n = 96 << 10
+			}
+			return c.AllGather(ctx, make([]byte, 4*n), make([]byte, n), Uint8)
+		}},
+		{"all_gather through the leaders against the rails", -1, func(ctx context.Context, r int, c Comm) error {
+			n := 64 << 10
+			if r == 3 {
+				n = 4096
+			}
+			return c.AllGather(ctx, make([]byte, 4*n), make([]byte, n), Uint8)
+		}},
 		{"reduce_scatter counts", -1, func(ctx context.Context, r int, c Comm) error {
 			counts := []int{1000, 1000, 1000, 1000}
 			if r == 3 {
 				counts = []int{1000, 1000, 500, 1500}
 			}
 			return c.ReduceScatter(ctx, make([]byte, 4*counts[r]), make([]byte, 4*4000), Float32, Sum, counts)
+		}},
+		{"reduce_scatter counts by the rails", -1, func(ctx context.Context, r int, c Comm) error {
+			counts := []int{40000, 40000, 40000, 40000}
+			if r == 3 {
+				counts = []int{40000, 40000, 20000, 60000}
+			}
+			return c.ReduceScatter(ctx, make([]byte, 4*counts[r]), make([]byte, 4*160000), Float32, Sum, counts)
 		}},
 		{"all_to_all pair on the host", -1, func(ctx context.Context, r int, c Comm) error {
 			counts := []int{100, 100, 100, 100}

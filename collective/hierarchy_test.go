@@ -400,9 +400,8 @@ func TestHierarchyByDefault(t *testing.T) {
 	}
 }
 
-// TestRailPieces: the 2D all_reduce's pieces are at least hierPieceMin
-// (one piece below it), at most hierPieceMax, and hierPieces where
-// that keeps them within both.
+// TestByRails: the all_reduce goes by the rails above hierLeadersMax,
+// where the hosts share memory.
 func TestByRails(t *testing.T) {
 	for _, c := range []struct {
 		shared bool
@@ -422,6 +421,28 @@ func TestByRails(t *testing.T) {
 	}
 }
 
+// TestByLeaders: a hierarchical all_gather or reduce_scatter goes
+// through the leaders up to hierLeadersMovementMax, by the rails above.
+func TestByLeaders(t *testing.T) {
+	for _, c := range []struct {
+		n    int
+		want bool
+	}{
+		{0, true},
+		{8, true},
+		{hierLeadersMovementMax, true},
+		{hierLeadersMovementMax + 1, false},
+		{16 << 20, false},
+	} {
+		if got := byLeaders(c.n); got != c.want {
+			t.Errorf("byLeaders(%d) = %v, want %v", c.n, got, c.want)
+		}
+	}
+}
+
+// TestRailPieces: the 2D all_reduce's pieces are at least hierPieceMin
+// (one piece below it), at most hierPieceMax, and hierPieces where
+// that keeps them within both.
 func TestRailPieces(t *testing.T) {
 	cases := []struct{ n, pieces int }{
 		{0, 1},
