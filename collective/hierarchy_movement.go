@@ -114,16 +114,19 @@ const (
 	hierAllToAll    = true
 )
 
-// goesAlone says whether an all_to_all piece of n bytes for another of
-// hosts hosts goes straight to its receiver rather than through the
-// rails (allToAllHierarchical): one of allToAllAloneMin bytes or more,
-// when there are more than 2 hosts. Measured on shaped links
-// (bench/links.py), interleaved rounds: on 4 hosts at 500 Mbit/s, a
-// 1 MiB call (128 KiB pieces) took 28.7 ms alone, 31.6 through the
-// rails, 27.8 by the flat exchange (8 rounds); 8 bytes to 256 KiB
-// (pieces of 32 KiB) and 16 MiB measured alike. On 2 hosts at 2 Gbit/s
-// the rails won at every size: 256 KiB 1.12 ms against 1.43 alone,
-// 1 MiB 4.6 against 5.0 (10 rounds). 3 hosts are unmeasured.
+// goesAlone says whether an all_to_all piece of n bytes between ranks of
+// a world on hosts hosts goes straight to its receiver rather than
+// through the slots and the rails (allToAllHierarchical): one of
+// allToAllAloneMin bytes or more, when there are more than 2 hosts.
+// Measured on shaped links (bench/links.py), interleaved rounds: on 4
+// hosts at 500 Mbit/s, a 1 MiB call (128 KiB pieces) took 28.7 ms with
+// the pieces for other hosts alone, 31.6 through the rails, 27.8 by the
+// flat exchange (8 rounds); 8 bytes to 256 KiB (pieces of 32 KiB) and
+// 16 MiB measured alike. With the pieces within a host alone too, and
+// the slots skipped, 29.3 against 31.0 and the flat exchange's 27.5
+// (8 rounds, a loaded machine). On 2 hosts at 2 Gbit/s the rails won at
+// every size: 256 KiB 1.12 ms against 1.43 alone, 1 MiB 4.6 against
+// 5.0 (10 rounds). 3 hosts are unmeasured.
 func goesAlone(n, hosts int) bool { return hosts > 2 && n >= allToAllAloneMin }
 
 const allToAllAloneMin = 32 << 10
@@ -374,11 +377,13 @@ func countsKey(counts []int) int32 {
 // of n-local, in fewer and larger messages. The host's ranks first
 // share their send counts, so that each knows what its peers hand it.
 //
-// A piece for another host of allToAllAloneMin bytes or more gains
-// nothing from the rail: it goes alone, straight from its sender to its
-// receiver as the flat exchange sends it, queued before the host's ranks
-// meet, so that a rank early to the call keeps the link busy. Both ends
-// tell such a piece by its length (goesAlone). The rails carry the
+// Between more than 2 hosts, a piece of allToAllAloneMin bytes or more
+// gains nothing from the rail: it goes alone, straight from its sender
+// to its receiver as the flat exchange sends it (to a rank of its own
+// host too), queued before the host's ranks meet, so that a rank early
+// to the call keeps the link busy. Both ends tell such a piece by its
+// length (goesAlone). Where no piece of the host's goes through the
+// slots, its ranks meet only to share their counts. The rails carry the
 // other pieces, in frames whose root field hashes the counts of every
 // piece from the host to the receiver (countsKey), and at least one
 // frame each, empty when every piece went alone: ranks whose counts
@@ -390,7 +395,7 @@ func (o *op) allToAllHierarchical(out, in []byte, sends, recvs []span) error {
 	hv, hier, call := o.c.hier.host, o.c.hier, o.hdr
 	// alone says whether the piece between us and rank r, of n bytes,
 	// goes alone.
-	alone := func(r, n int) bool { return hier.hostOf(r) != g.host && goesAlone(n, H) }
+	alone := func(r, n int) bool { return r != me && goesAlone(n, H) }
 	// The pieces alone from our rail's ranks, then the others, in the
 	// order they are waited for (see the end).
 	fromRail := len(o.recvs)
@@ -437,15 +442,15 @@ func (o *op) allToAllHierarchical(out, in []byte, sends, recvs []span) error {
 		return err
 	}
 	length := func(j, d int) int { return int(binary.LittleEndian.Uint64(all[8*(j*n+d):])) }
-	// railed says whether the host's j-th rank's piece for rank d, on host
-	// h, goes through the slots or the rails: every piece within the host,
-	// and those for other hosts that do not go alone.
-	railed := func(j, h, d int) bool { return h == g.host || !goesAlone(length(j, d), H) }
+	// railed says whether the host's j-th rank's piece for rank d goes
+	// through the slots (and, for another host, the rails): one that does
+	// not go alone, but a rank's own, which it copies itself.
+	railed := func(j, d int) bool { return d != g.at(g.host, j) && !goesAlone(length(j, d), H) }
 	sub := subSlot(hv.shm.slot, L*H)
-	rounds := 1
+	rounds := 0 // none when no piece of the host's goes through the slots
 	for j := range L {
 		for d := range n {
-			if railed(j, hier.hostOf(d), d) {
+			if railed(j, d) {
 				rounds = max(rounds, roundsFor(length(j, d), sub))
 			}
 		}
@@ -456,7 +461,7 @@ func (o *op) allToAllHierarchical(out, in []byte, sends, recvs []span) error {
 	stagedLen := 0
 	for h := range H {
 		for j := range L {
-			if d := g.at(h, idx); h != g.host && j != idx && railed(j, h, d) {
+			if d := g.at(h, idx); h != g.host && j != idx && railed(j, d) {
 				stagedAt[h*L+j] = stagedLen
 				stagedLen += length(j, d)
 			}
@@ -515,86 +520,101 @@ func (o *op) allToAllHierarchical(out, in []byte, sends, recvs []span) error {
 			o.expect(peer, nil, 0)
 		}
 	}
-	var werr error // the world op's, in its terms already
-	err := ho.runShared(func(s *shmWorld) error {
-		for k := range rounds {
-			b := s.next()
-			slot, err := ho.claimSlot(b)
-			if err != nil {
-				return err
+	// sendRails sends round k's messages to our rail's ranks: the
+	// windows of the host's pieces for them, and in the first round an
+	// empty frame where no piece goes through the rail.
+	sendRails := func(k int) error {
+		for h := range H {
+			if h == g.host {
+				continue
 			}
+			peer := g.at(h, idx)
 			for j := range L {
-				if j == idx {
+				counts[j] = length(j, peer) / es
+			}
+			o.hdr.root = countsKey(counts)
+			empty := true
+			for j := range L {
+				if !railed(j, peer) {
 					continue
 				}
-				for h := range H {
-					if d := g.at(h, j); railed(idx, h, d) {
-						copyCached(slot[(j*H+h)*sub:], window(sends[d], k, sub).of(in))
+				empty = false
+				piece := sends[peer].of(in)
+				if j != idx {
+					piece = staged(h, j)
+				}
+				if w, ok := carries(len(piece), k); ok {
+					o.hdr.count = uint64(len(piece) / es)
+					if err := o.send(peer, w.of(piece), w.off); err != nil {
+						return err
 					}
 				}
 			}
-			ho.signalWritten(b)
-			if k == 0 {
-				copyCached(recvs[me].of(out), sends[me].of(in))
+			if empty && k == 0 {
+				o.hdr.count = 0
+				if err := o.send(peer, nil, 0); err != nil {
+					return err
+				}
 			}
-			err = ho.eachWritten(b, func(j int) error {
-				theirs := ho.slotOf(j, b)
-				for h := range H {
-					d := g.at(h, idx)
-					if !railed(j, h, d) {
+		}
+		return nil
+	}
+	var werr error // the world op's, in its terms already
+	var err error
+	if rounds == 0 {
+		copyCached(recvs[me].of(out), sends[me].of(in))
+		werr = sendRails(0)
+	} else {
+		err = ho.runShared(func(s *shmWorld) error {
+			for k := range rounds {
+				b := s.next()
+				slot, err := ho.claimSlot(b)
+				if err != nil {
+					return err
+				}
+				for j := range L {
+					if j == idx {
 						continue
 					}
-					w := window(span{0, length(j, d)}, k, sub)
-					part := theirs[(idx*H+h)*sub:][:w.len]
-					if h == g.host {
-						copyCached(w.of(recvs[g.at(h, j)].of(out)), part)
-					} else {
-						copyCached(w.of(staged(h, j)), part)
-					}
-				}
-				return nil
-			})
-			if err != nil {
-				return err
-			}
-			ho.signalConsumed(b)
-			for h := range H {
-				if h == g.host {
-					continue
-				}
-				peer := g.at(h, idx)
-				for j := range L {
-					counts[j] = length(j, peer) / es
-				}
-				o.hdr.root = countsKey(counts)
-				empty := true
-				for j := range L {
-					if !railed(j, h, peer) {
-						continue
-					}
-					empty = false
-					piece := sends[peer].of(in)
-					if j != idx {
-						piece = staged(h, j)
-					}
-					if w, ok := carries(len(piece), k); ok {
-						o.hdr.count = uint64(len(piece) / es)
-						if werr = o.send(peer, w.of(piece), w.off); werr != nil {
-							return errWorldPhase
+					for h := range H {
+						if d := g.at(h, j); railed(idx, d) {
+							copyCached(slot[(j*H+h)*sub:], window(sends[d], k, sub).of(in))
 						}
 					}
 				}
-				if empty && k == 0 {
-					o.hdr.count = 0
-					if werr = o.send(peer, nil, 0); werr != nil {
-						return errWorldPhase
-					}
+				ho.signalWritten(b)
+				if k == 0 {
+					copyCached(recvs[me].of(out), sends[me].of(in))
 				}
+				err = ho.eachWritten(b, func(j int) error {
+					theirs := ho.slotOf(j, b)
+					for h := range H {
+						d := g.at(h, idx)
+						if !railed(j, d) {
+							continue
+						}
+						w := window(span{0, length(j, d)}, k, sub)
+						part := theirs[(idx*H+h)*sub:][:w.len]
+						if h == g.host {
+							copyCached(w.of(recvs[g.at(h, j)].of(out)), part)
+						} else {
+							copyCached(w.of(staged(h, j)), part)
+						}
+					}
+					return nil
+				})
+				if err != nil {
+					return err
+				}
+				ho.signalConsumed(b)
+				if werr = sendRails(k); werr != nil {
+					return errWorldPhase
+				}
+				o.handoff()
 			}
-			o.handoff()
-		}
-		return nil
-	})
+			return nil
+		})
+	}
 	o.hdr = call // the call, as it ends, rather than its last frame
 	if err = cmp.Or(werr, hv.leave(ho, err)); err != nil {
 		return err

@@ -205,7 +205,8 @@ func TestHierarchicalReduceScatter(t *testing.T) {
 // TestHierarchicalAllToAll: every rank gets every rank's piece for it,
 // with even counts and counts that differ per pair (empty pieces among
 // them, pieces longer than a window, and in "mixed" pieces that go alone
-// beside pieces through the rails, for every dtype but Uint8), by the
+// beside pieces through the rails, for every dtype but Uint8; in "alone"
+// none through the slots), by the
 // hierarchical form on grids (which the default and GORUN_ALGO=hier
 // choose) and pairwise exchange elsewhere.
 func TestHierarchicalAllToAll(t *testing.T) {
@@ -222,6 +223,15 @@ func TestHierarchicalAllToAll(t *testing.T) {
 				"mixed": func(from, to int) int {
 					if (from+to)%2 == 0 {
 						return allToAllAloneMin/4 + 1 // alone from 4-byte elements on, across 3 hosts
+					}
+					return 300
+				},
+				// Every piece alone from 4-byte elements on, across 3
+				// hosts: the host's ranks then skip the slots.
+				"alone": func(int, int) int { return allToAllAloneMin/4 + 1 },
+				"alone within hosts": func(from, to int) int {
+					if hosts[from] == hosts[to] {
+						return allToAllAloneMin/4 + 1
 					}
 					return 300
 				},
