@@ -263,6 +263,31 @@ func TestHierarchicalAllToAll(t *testing.T) {
 	}
 }
 
+// TestHierarchicalAllToAllCountsApart: where a slot cannot hold the
+// host's counts beside every rank's part (a 384-byte slot, parts of 64
+// bytes for 6 ranks), the host's ranks share their counts in a meeting
+// of their own first, and every piece still arrives.
+func TestHierarchicalAllToAllCountsApart(t *testing.T) {
+	hosts := []int{0, 0, 1, 1, 2, 2}
+	comms := hostsWorld(t, hosts, TCPOptions{shmSlot: 384, segment: 1 << 10})
+	ctx := testContext(t, 30*time.Second)
+	n := len(comms)
+	pair := func(from, to int) int { return (from*977 + to*1543) % 301 }
+	ins := make([][]byte, n)
+	outs := make([][]byte, n)
+	mustAll(t, "all_to_all", onAll(comms, func(r int, c Comm) error {
+		sendCounts, recvCounts := make([]int, n), make([]int, n)
+		for j := range n {
+			sendCounts[j], recvCounts[j] = pair(r, j), pair(j, r)
+		}
+		ins[r] = make([]byte, 4*sum(sendCounts))
+		fill(ins[r], Float32, 5, r)
+		outs[r] = make([]byte, 4*sum(recvCounts))
+		return c.AllToAll(ctx, outs[r], ins[r], Float32, sendCounts, recvCounts)
+	}))
+	checkAllToAllPieces(t, "uneven", outs, ins, pair, 4)
+}
+
 // TestHierarchicalMovementInPlace: a reduce_scatter whose out is part of
 // its in, and an all_gather whose in is part of its out, as torch's
 // _base variants pass them.
