@@ -436,8 +436,10 @@ func (o *op) allToAllHierarchical(out, in []byte, sends, recvs []span) error {
 		binary.LittleEndian.PutUint64(own[8*d:], uint64(s.len))
 	}
 	length := func(j, d int) int { return int(binary.LittleEndian.Uint64(all[8*(j*n+d):])) }
+	// The counts go first in the slot where it holds them beside a part
+	// of 64 bytes or more for every rank (subSlot's least).
 	slotBytes, tableBytes := hv.shm.slot, 0
-	if tableInSlot := 8*n + 64*L*H; tableInSlot <= slotBytes {
+	if 8*n+64*L*H <= slotBytes {
 		tableBytes = (8*n + 63) &^ 63 // the pieces start on a cache line
 	}
 	sub := subSlot(slotBytes-tableBytes, L*H)
