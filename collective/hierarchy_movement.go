@@ -438,9 +438,9 @@ func (o *op) allToAllHierarchical(out, in []byte, sends, recvs []span) error {
 	length := func(j, d int) int { return int(binary.LittleEndian.Uint64(all[8*(j*n+d):])) }
 	// The counts go first in the slot where it holds them beside a part
 	// of 64 bytes or more for every rank (subSlot's least).
-	slotBytes, tableBytes := hv.shm.slot, 0
-	if 8*n+64*L*H <= slotBytes {
-		tableBytes = (8*n + 63) &^ 63 // the pieces start on a cache line
+	slotBytes, tableBytes := hv.shm.slot, (8*n+63)&^63 // the pieces start on a cache line
+	if tableBytes+64*L*H > slotBytes {
+		tableBytes = 0
 	}
 	sub := subSlot(slotBytes-tableBytes, L*H)
 	part := func(slot []byte, j, h int) []byte { return slot[tableBytes+(j*H+h)*sub:] }
