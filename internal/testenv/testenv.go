@@ -93,7 +93,7 @@ func act(t testing.TB, v Verdict, msg string) {
 		// Decide says Skip only outside CI, or for a GPU (MayHave), which
 		// CI machines lack too; under CI=true a missing component failed
 		// above.
-		t.Skip(msg) // the rule's one skip: a component missing outside CI
+		t.Skip(msg)
 	}
 }
 
