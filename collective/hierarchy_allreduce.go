@@ -61,18 +61,6 @@ const (
 	// once: piece p's sum is sent in step p, and the results that show
 	// the peers have it all are awaited in step p+2.
 	railDepth = 3
-	// hierLeadersMax is the largest all_reduce that goes through one
-	// leader per host (reduced to it in shared memory, all-reduced
-	// across the leaders, broadcast back) rather than the 2D form's
-	// rails. Small buffers gain nothing from spreading the link's bytes
-	// over the rails, and every rail rank's frames cost the 2 cores
-	// system calls and wake-ups. 4 shaped hosts of 2 ranks at 500
-	// Mbit/s, rounds interleaved, medians, leaders against rails (Open
-	// MPI): 8 B 287 against 560 us (366), 64 KiB 1,654 against 2,202
-	// (1,664), 96 KiB 2,477 against 3,297 (2,479), 128 KiB 4,578 against
-	// 8,150 (3,305); at 256 KiB the rails won (6.6 against 9.9 ms). On
-	// 2 hosts at 2 Gbit/s the two forms measure alike from 8 B to 1 MiB.
-	hierLeadersMax = 128 << 10
 )
 
 // piecesOf is how many pieces a hierarchical collective cuts n bytes
@@ -99,7 +87,7 @@ type railReduce struct {
 }
 
 // allReduceHierarchical runs the 2D all_reduce above, or, for buffers
-// of up to hierLeadersMax and where hosts' ranks share no memory
+// of up to hierLeadersMax or where hosts' ranks share no memory
 // (GORUN_TRANSPORT=unix), reduces buf at each host's leader, across the
 // leaders, and back to each host. (A host whose shared memory could not
 // be set up where the others' was goes through its leader alone: its

@@ -5,9 +5,19 @@ package collective
 // leaders talk across hosts, and each leader hands the result back to
 // its host. A small buffer gains nothing from spreading its bytes over
 // every rail, and on hosts whose cores the ranks share, each rank that
-// talks across costs system calls and wake-ups (hierLeadersMax has the
-// all_reduce's figures). Each form's choice goes by a length every rank
-// shares (the gathered buffer, the reduced input), so all choose alike.
+// talks across costs system calls and wake-ups. Each form's choice
+// goes by a length every rank shares (the whole all_reduce, the gathered
+// buffer, the reduced input), so all choose alike.
+
+// hierLeadersMax is the largest all_reduce that goes through the leaders
+// (reduced to them, all-reduced across them, broadcast back) rather than
+// the 2D form's rails (byRails). 4 shaped hosts of 2 ranks at 500
+// Mbit/s, rounds interleaved, medians, leaders against rails (Open MPI):
+// 8 B 287 against 560 us (366), 64 KiB 1,654 against 2,202 (1,664),
+// 96 KiB 2,477 against 3,297 (2,479), 128 KiB 4,578 against 8,150
+// (3,305); at 256 KiB the rails won (6.6 against 9.9 ms). On 2 hosts at
+// 2 Gbit/s the two forms measure alike from 8 B to 1 MiB.
+const hierLeadersMax = 128 << 10
 
 // hierLeadersMovementMax is the largest all_gather (the gathered buffer)
 // and reduce_scatter (its input) that goes through the leaders. On 4
