@@ -192,7 +192,11 @@ func NewTCP(ctx context.Context, store rendezvous.Store, rank, size int, opts TC
 	if slot <= 0 {
 		slot = defaultShmSlot
 	}
-	slot = max(slot, 64*len(local)) // a part of 64 bytes per rank at least (subSlot)
+	// A part of 64 bytes at least for every rank (subSlot's least): of
+	// the host's in the flat forms, of the world's in the hierarchical
+	// ones, which a world of over 32,768 ranks makes larger than the
+	// default slot.
+	slot = max(slot, 64*size)
 	if t.shm, err = setupShm(ctx, store, local, slices.Index(local, rank), slot, mode != "unix", !opts.noSingleCopy, log); err != nil {
 		t.close()
 		return nil, err

@@ -498,3 +498,71 @@ func sum(counts []int) (s int) {
 	}
 	return s
 }
+
+// TestHierarchicalTinySlot: where a slot is smaller than a part of 64
+// bytes for every rank of the world (as the 2 MiB default is beyond
+// 32,768 ranks), the hierarchical forms still keep each part within
+// its slot: every collective's result is whole on 4 hosts x 2 ranks
+// whose slots were asked for at 64 bytes.
+func TestHierarchicalTinySlot(t *testing.T) {
+	hosts := []int{0, 0, 1, 1, 2, 2, 3, 3}
+	comms := hostsWorld(t, hosts, TCPOptions{shmSlot: 64, segment: 1 << 10})
+	ctx := testContext(t, 60*time.Second)
+	n := len(comms)
+	for _, size := range []int{8, 1000, 20 << 10} { // 20 KiB a rank: rails past 64 KiB
+		ins := make([][]byte, n)
+		gathered := make([][]byte, n)
+		var all []byte
+		for r := range n {
+			ins[r] = make([]byte, size)
+			fill(ins[r], Uint8, uint64(size), r)
+			all = append(all, ins[r]...)
+			gathered[r] = make([]byte, n*size)
+		}
+		mustAll(t, "all_gather", onAll(comms, func(r int, c Comm) error {
+			return c.AllGather(ctx, gathered[r], ins[r], Uint8)
+		}))
+		for r := range n {
+			if !bytes.Equal(gathered[r], all) {
+				t.Fatalf("all_gather of %d bytes: rank %d: %s", size, r, firstDiff(gathered[r], all))
+			}
+		}
+
+		counts := make([]int, n)
+		for r := range counts {
+			counts[r] = size / 4
+		}
+		chunks := countSpans(counts, 4)
+		inputs := make([][]byte, n)
+		for r := range n {
+			inputs[r] = make([]byte, n*size/4*4)
+			fill(inputs[r], Float32, uint64(size), r)
+		}
+		ref := reference(t, inputs, Float32, Sum)
+		outs := make([][]byte, n)
+		mustAll(t, "reduce_scatter", onAll(comms, func(r int, c Comm) error {
+			outs[r] = make([]byte, chunks[r].len)
+			return c.ReduceScatter(ctx, outs[r], inputs[r], Float32, Sum, counts)
+		}))
+		for r := range n {
+			if !bytes.Equal(outs[r], chunks[r].of(ref)) {
+				t.Fatalf("reduce_scatter of %d bytes: rank %d: %s", size, r, firstDiff(outs[r], chunks[r].of(ref)))
+			}
+		}
+
+		pair := func(from, to int) int { return (size/4 + from*31 + to*17) % (size/4 + 1) }
+		pieces := make([][]byte, n)
+		mustAll(t, "all_to_all", onAll(comms, func(r int, c Comm) error {
+			sendCounts, recvCounts := make([]int, n), make([]int, n)
+			for j := range n {
+				sendCounts[j], recvCounts[j] = pair(r, j), pair(j, r)
+			}
+			pieces[r] = make([]byte, 4*sum(recvCounts))
+			in := make([]byte, 4*sum(sendCounts))
+			fill(in, Float32, 9, r)
+			inputs[r] = in
+			return c.AllToAll(ctx, pieces[r], in, Float32, sendCounts, recvCounts)
+		}))
+		checkAllToAllPieces(t, fmt.Sprintf("%d bytes", size), pieces, inputs, pair, 4)
+	}
+}
