@@ -37,6 +37,7 @@ type Device struct {
 	handle   int32   // CUdevice
 	ctx      uintptr // CUcontext: the primary context, retained
 	name     string
+	busID    string
 	totalMem int64
 
 	calls     chan func()
@@ -76,6 +77,11 @@ func (d *Driver) OpenDevice(ordinal int) (*Device, error) {
 		return nil, err
 	}
 	dev.name = goString(&name[0])
+	busID := make([]byte, 32) // "0000:19:00.0", NUL-terminated
+	if err := d.check("cuDeviceGetPCIBusId", d.api.cuDeviceGetPCIBusId(busID, int32(len(busID)), dev.handle)); err != nil {
+		return nil, err
+	}
+	dev.busID = goString(&busID[0])
 	var total uintptr
 	if err := d.check("cuDeviceTotalMem_v2", d.api.cuDeviceTotalMem(&total, dev.handle)); err != nil {
 		return nil, err
@@ -97,6 +103,10 @@ func (d *Device) Ordinal() int { return d.ordinal }
 
 // Name is the GPU's product name, e.g. "NVIDIA H200".
 func (d *Device) Name() string { return d.name }
+
+// BusID is the GPU's PCI address, e.g. "0000:19:00.0": the same GPU's
+// whatever CUDA_VISIBLE_DEVICES a process has, as NCCL tells GPUs apart.
+func (d *Device) BusID() string { return d.busID }
 
 // TotalMemory is the GPU's memory in bytes.
 func (d *Device) TotalMemory() int64 { return d.totalMem }

@@ -35,6 +35,7 @@ type driverAPI struct {
 	cuDeviceGetCount          func(count *int32) cuResult
 	cuDeviceGet               func(dev *int32, ordinal int32) cuResult
 	cuDeviceGetName           func(name []byte, length int32, dev int32) cuResult
+	cuDeviceGetPCIBusId       func(id []byte, length int32, dev int32) cuResult
 	cuDeviceTotalMem          func(bytes *uintptr, dev int32) cuResult
 	cuDevicePrimaryCtxRetain  func(ctx *uintptr, dev int32) cuResult
 	cuDevicePrimaryCtxRelease func(dev int32) cuResult
@@ -64,6 +65,7 @@ func (a *driverAPI) symbols() []symbol {
 		{name: "cuDeviceGetCount", fn: &a.cuDeviceGetCount},
 		{name: "cuDeviceGet", fn: &a.cuDeviceGet},
 		{name: "cuDeviceGetName", fn: &a.cuDeviceGetName},
+		{name: "cuDeviceGetPCIBusId", fn: &a.cuDeviceGetPCIBusId},
 		{name: "cuDeviceTotalMem_v2", fn: &a.cuDeviceTotalMem},
 		{name: "cuDevicePrimaryCtxRetain", fn: &a.cuDevicePrimaryCtxRetain},
 		{name: "cuDevicePrimaryCtxRelease_v2", fn: &a.cuDevicePrimaryCtxRelease},

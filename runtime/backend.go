@@ -115,15 +115,18 @@ func openDevice(ctx context.Context, search cuda.Search, localRank int) (*cuda.D
 	return dev, gpuReady, nil
 }
 
-// placeKey identifies a GPU among the job's: the host, what the process
-// sees of its GPUs, and the ordinal. Ranks with the same key share a GPU,
+// placeKey identifies a GPU among the job's as NCCL's own check for
+// duplicates does: its host (as NCCL_HOSTID names it, when set, else the
+// host name) and its PCI address. Ranks with the same key share a GPU,
 // which NCCL refuses (and, when some of a communicator's ranks do and
 // others do not, the others hang in its init).
-func (c *config) placeKey(ordinal int) int64 {
-	host, _ := os.Hostname()
-	visible, _ := c.lookupEnv("CUDA_VISIBLE_DEVICES")
+func (c *config) placeKey(dev *cuda.Device) int64 {
+	host, ok := c.lookupEnv("NCCL_HOSTID")
+	if !ok {
+		host, _ = os.Hostname()
+	}
 	h := fnv.New64a()
-	fmt.Fprintf(h, "%s\x00%s\x00%d", host, visible, ordinal)
+	fmt.Fprintf(h, "%s\x00%s", host, dev.BusID())
 	return int64(h.Sum64())
 }
 
@@ -203,7 +206,7 @@ func (c *config) startNCCL(ctx context.Context, backend string, env launchEnv, s
 	g, state, whyNot := c.openGPU(ctx, backend, env, release)
 	var key int64
 	if g != nil {
-		key = c.placeKey(g.dev.Ordinal())
+		key = c.placeKey(g.dev)
 	}
 	states, keys, err := shareStates(ctx, comm, state, key)
 	if err != nil {

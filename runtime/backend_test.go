@@ -389,6 +389,27 @@ func TestRanksSharingAGPUStageOverTCP(t *testing.T) {
 	g.expectReleased(t)
 }
 
+// TestRanksOfDistinctNCCLHostsChooseNCCL: NCCL tells hosts apart by
+// NCCL_HOSTID where it is set, and GPUs by their PCI address, so ranks on
+// one GPU whose NCCL_HOSTIDs differ pass its check for duplicates, and
+// Init's too (which mirrors it): auto chooses NCCL without a warning.
+func TestRanksOfDistinctNCCLHostsChooseNCCL(t *testing.T) {
+	g := newFakeGPU(t) // one GPU
+	log, lines := logTo(zerolog.WarnLevel)
+	mustInit(t, initGPURanks(t, 2, func(r int) map[string]string {
+		return g.env("NCCL_HOSTID", fmt.Sprintf("emulated-host-%d", r))
+	}, func(pg *ProcessGroup) error {
+		if pg.Backend() != "nccl" || pg.Device().BusID() != "0000:10:00.0" {
+			return fmt.Errorf("backend %q on GPU %s, want nccl on 0000:10:00.0", pg.Backend(), pg.Device().BusID())
+		}
+		return nil
+	}, WithLogger(log)))
+	if got := lines(); len(got) != 0 {
+		t.Errorf("logged %q, want nothing", got)
+	}
+	g.expectReleased(t)
+}
+
 func TestNCCLErrorsNameTheOperationAndRank(t *testing.T) {
 	// Two ranks, each with fakes of its own, meet through the store and
 	// make a communicator; the fake cannot move their data, and says so

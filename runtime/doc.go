@@ -67,6 +67,8 @@
 //	GPU libraries     -               GORUN_CUDA_LIBRARY,               the loader's path, then
 //	                                  GORUN_NCCL_LIBRARY                NVIDIA's wheels (package cuda)
 //	GPUs seen         -               CUDA_VISIBLE_DEVICES              every GPU (read by the driver)
+//	NCCL's host       -               NCCL_HOSTID                       the host name (as NCCL: ranks
+//	                                                                    share a GPU on the same host)
 //	progress counter  -               GORUN_PROGRESS_FILE               none
 //	stacks socket     -               GORUN_STACKS_SOCKET               none
 //	error file        -               TORCHELASTIC_ERROR_FILE           none: RecordError does nothing

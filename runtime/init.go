@@ -133,8 +133,9 @@ func withConnector(connect connector) Option { return func(c *config) { c.connec
 //   - GORUN_STACKS_SOCKET when set: where the launcher asks for the
 //     worker's stacks (see StacksSocketEnv).
 //   - GORUN_BACKEND, unless WithBackend chooses the backend; with NCCL,
-//     CUDA_VISIBLE_DEVICES, and GORUN_CUDA_LIBRARY and GORUN_NCCL_LIBRARY
-//     to name the libraries' files (see package cuda).
+//     GORUN_CUDA_LIBRARY and GORUN_NCCL_LIBRARY to name the libraries'
+//     files (see package cuda), and NCCL_HOSTID, which NCCL also reads,
+//     to tell hosts apart as NCCL does.
 //   - for the TCP backend (package collective, which reads no environment
 //     itself): GORUN_SOCKET_IFNAME, GLOO_SOCKET_IFNAME, GORUN_TRANSPORT,
 //     GORUN_TCP_ONLY, GORUN_TCP_STREAMS, GORUN_ALGO, GORUN_HOST_ID.

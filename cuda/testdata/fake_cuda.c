@@ -195,6 +195,13 @@ CUresult cuDeviceGetName(char *name, int len, CUdevice dev) {
 	return CUDA_SUCCESS;
 }
 
+CUresult cuDeviceGetPCIBusId(char *id, int len, CUdevice dev) {
+	if (dev < 0 || dev >= device_count)
+		return CUDA_ERROR_INVALID_DEVICE;
+	snprintf(id, len, "0000:%02x:00.0", 0x10 + dev);
+	return CUDA_SUCCESS;
+}
+
 CUresult cuDeviceTotalMem_v2(size_t *bytes, CUdevice dev) {
 	if (dev < 0 || dev >= device_count)
 		return CUDA_ERROR_INVALID_DEVICE;
