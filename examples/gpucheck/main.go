@@ -6,6 +6,11 @@
 //
 //	gorun --nproc-per-node 1 bin/gpucheck -backend nccl -want nccl
 //	gorun --nproc-per-node 4 bin/gpucheck -backend tcp -want tcp
+//	gorun --nproc-per-node 2 bin/gpucheck -backend nccl -watchdog 5s
+//
+// With -watchdog, it checks the group's timeout instead: the last rank
+// holds back from a collective, and the others must abort it (see
+// checkWatchdog).
 //
 // With NCCL the device tensors are on the GPU Init opened; on the TCP
 // backend on the one ProcessGroup.OpenDevice opens, the LOCAL_RANK-th
@@ -41,6 +46,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	backend := flags.String("backend", "", "backend: auto, nccl or tcp (default: $GORUN_BACKEND, else auto)")
 	want := flags.String("want", "", "fail unless Init chose this backend for device tensors: nccl or tcp")
 	n := flags.Int("n", 1<<20, "elements per tensor")
+	watchdog := flags.Duration("watchdog", 0, "check instead that a collective the last rank holds back from is aborted after this group timeout")
 	if err := flags.Parse(args); err != nil {
 		return 2
 	}
@@ -53,6 +59,11 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	if *backend != "" {
 		opts = append(opts, dist.WithBackend(*backend))
 	}
+	check := func(pg *dist.ProcessGroup) error { return checkAll(ctx, pg, *want, *n, stdout, stderr) }
+	if *watchdog > 0 {
+		opts = append(opts, dist.WithTimeout(*watchdog))
+		check = func(pg *dist.ProcessGroup) error { return checkWatchdog(ctx, pg, *watchdog, stdout, stderr) }
+	}
 	pg, err := dist.Init(ctx, opts...)
 	if err != nil {
 		fmt.Fprintln(stderr, "gpucheck:", err)
@@ -60,7 +71,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		return 1
 	}
 	defer pg.Close()
-	if err := checkAll(ctx, pg, *want, *n, stdout, stderr); err != nil {
+	if err := check(pg); err != nil {
 		fmt.Fprintln(stderr, "gpucheck:", err)
 		dist.RecordError(err)
 		return 1

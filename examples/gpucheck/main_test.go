@@ -2,6 +2,8 @@ package main
 
 import (
 	"bytes"
+	"context"
+	"errors"
 	"fmt"
 	"net"
 	"os"
@@ -9,6 +11,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/gorun/gorun/cuda"
 	"github.com/gorun/gorun/cuda/cudatest"
 )
 
@@ -38,6 +41,11 @@ func TestGPUCheckOnFakes(t *testing.T) {
 			if code != 0 || !strings.HasSuffix(stdout.String(), want) || strings.Count(stdout.String(), "PASS ") != checks {
 				t.Errorf("exit %d; want 0 and %q; stdout:\n%s\nstderr:\n%s", code, want, stdout.String(), stderr.String())
 			}
+			stderr.Reset()
+			if code := run(t.Context(), []string{"-backend", backend, "-watchdog", "1s"}, &stdout, &stderr); code != 1 ||
+				!strings.Contains(stderr.String(), "gpucheck: -watchdog needs two ranks or more") {
+				t.Errorf("-watchdog on one rank: exit %d, want 1 and why; stderr:\n%s", code, stderr.String())
+			}
 		})
 	}
 	if code := run(t.Context(), []string{"-n", "3"}, os.Stdout, &bytes.Buffer{}); code != 2 {
@@ -54,4 +62,30 @@ func freePort(t *testing.T) int {
 	}
 	defer l.Close()
 	return l.Addr().(*net.TCPAddr).Port
+}
+
+// TestAbortedAsWanted: -watchdog accepts only an abort at the timeout
+// that names the operation and the rank.
+func TestAbortedAsWanted(t *testing.T) {
+	timedOut := func(op string, rank int, aborted bool) error {
+		return fmt.Errorf("runtime: %s: %w", op, &cuda.OpError{Op: op, Rank: rank, Aborted: aborted,
+			Err: fmt.Errorf("not complete after 5s: %w", context.DeadlineExceeded)})
+	}
+	for _, tc := range []struct {
+		name string
+		err  error
+		ok   bool
+	}{
+		{"aborted at the timeout", timedOut("all_reduce", 1, true), true},
+		{"finished", nil, false},
+		{"failed otherwise", errors.New("connection reset"), false},
+		{"another operation", timedOut("broadcast", 1, true), false},
+		{"another rank", timedOut("all_reduce", 0, true), false},
+		{"not aborted", timedOut("all_reduce", 1, false), false},
+		{"aborted for an NCCL error", &cuda.OpError{Op: "all_reduce", Rank: 1, Aborted: true, Err: errors.New("ncclRemoteError")}, false},
+	} {
+		if got := abortedAsWanted(tc.err, "all_reduce", 1); (got == nil) != tc.ok {
+			t.Errorf("%s: got %v, want ok=%v", tc.name, got, tc.ok)
+		}
+	}
 }
