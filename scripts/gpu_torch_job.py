@@ -1,6 +1,8 @@
 """A PyTorch job under gorun: every collective and message of
 torch.distributed on one backend, each result checked against the value
-it must have. Part (4) of scripts/gpu-check.sh:
+it must have, then a few steps of DistributedDataParallel training, whose
+loss must fall and whose parameters must stay the same on every rank.
+Part (4) of scripts/gpu-check.sh:
 
     gorun --nproc-per-node 4 scripts/gpu_torch_job.py --backend gloo
     gorun --nproc-per-node 1 scripts/gpu_torch_job.py --backend nccl
@@ -197,6 +199,35 @@ def checks(rank, world, device):
     def monitored_barrier():
         dist.monitored_barrier()
 
+    def ddp_training():
+        torch.manual_seed(0)  # the same initial model on every rank, as DDP also makes sure
+        model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 1)).to(device)
+        ddp = torch.nn.parallel.DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
+        opt = torch.optim.SGD(ddp.parameters(), lr=0.05)
+        data = torch.Generator().manual_seed(1000 + rank)  # each rank its own batches
+        target = torch.arange(16, dtype=torch.float32) / 16
+
+        def batch():
+            x = torch.randn(64, 16, generator=data)
+            return x.to(device), (x @ target).unsqueeze(1).to(device)
+
+        probe = batch()
+        first = torch.nn.functional.mse_loss(ddp(probe[0]), probe[1]).item()
+        for _ in range(30):
+            x, y = batch()
+            opt.zero_grad()
+            torch.nn.functional.mse_loss(ddp(x), y).backward()
+            opt.step()
+        last = torch.nn.functional.mse_loss(ddp(probe[0]), probe[1]).item()
+        if not last < first / 2:
+            raise AssertionError(f"the loss went from {first:.4f} to {last:.4f}, want it halved")
+        flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+        every = [torch.empty_like(flat) for _ in range(world)]
+        dist.all_gather(every, flat)
+        for r in range(world):
+            if not torch.equal(every[r], flat):
+                raise AssertionError(f"rank {r}'s parameters differ from rank {rank}'s")
+
     sum_, max_ = dist.ReduceOp.SUM, dist.ReduceOp.MAX
     yield "all_reduce sum float32", attempt(all_reduce(sum_, torch.float32, [rank + 1.0, 1.0], [total, world]))
     yield "all_reduce max int64", attempt(all_reduce(max_, torch.int64, [rank], [world - 1]))
@@ -220,6 +251,7 @@ def checks(rank, world, device):
     yield "barrier", attempt(barrier)
     if dist.get_backend() == "gloo":
         yield "monitored_barrier", attempt(monitored_barrier)
+    yield "ddp training", ddp_training
 
 
 if __name__ == "__main__":
