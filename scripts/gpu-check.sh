@@ -1,14 +1,21 @@
 #!/usr/bin/env bash
 # The on-GPU acceptance check of gorun's CUDA and NCCL support (docs/gpu.md):
 #
-#   1. the NCCL backend at world size 1: every collective on device
-#      tensors against the same one on host tensors (bin/gpucheck);
+#   1. the NCCL backend: every collective on device tensors against the
+#      same one on host tensors (bin/gpucheck), at world size 1, on every
+#      GPU (--nproc-per-node gpu), and on 2 ranks (2 GPUs, or one GPU with
+#      a distinct NCCL_HOSTID per rank, which NCCL takes for two hosts);
+#      the watchdog aborting a collective one rank holds back from;
 #   2. the TCP backend with device tensors, 4 ranks on one GPU; "auto"
 #      falling back to TCP, and "nccl" failing, with one log line that
 #      says why (ranks sharing a GPU, a missing libnccl);
-#   3. allreduce-perf on both backends, with bus bandwidth;
-#   4. a PyTorch 2.x job under gorun: gloo on 4 ranks, NCCL at world size 1;
-#   5. torch's TCPStore client against gorun's store, every operation.
+#   3. allreduce-perf and torch's NCCL all_reduce on the same GPUs, and
+#      host-device copies (bin/copy-perf) beside torch's (cudaMemcpy);
+#   4. a PyTorch 2.x job under gorun, DDP training included: gloo on 4
+#      ranks, NCCL on every GPU;
+#   5. torch's TCPStore client against gorun's store, every operation;
+#   6. Go workers under torch's torchrun (its libuv store), with NCCL
+#      and on 4 ranks, and gorun's rendezvous on torch's libuv server.
 #
 # It runs offline and needs no Go: only binaries built beforehand into
 # bin/ (CGO_ENABLED=0 make build), and a python3 with PyTorch 2.x for
@@ -37,7 +44,7 @@ missing() {
 	exit 2
 }
 
-for b in gorun gpucheck allreduce-perf; do
+for b in gorun gpucheck allreduce-perf copy-perf; do
 	[[ -x $BIN/$b ]] || missing "$BIN/$b is missing: build it first (CGO_ENABLED=0 make build)"
 done
 command -v "$PYTHON" >/dev/null || missing "no $PYTHON"
@@ -46,6 +53,7 @@ import sys, torch
 ok = int(torch.__version__.split(".")[0]) >= 2 and torch.cuda.is_available()
 sys.exit(0 if ok else 1)
 EOF
+GPUS=$("$PYTHON" -c 'import torch; print(torch.cuda.device_count())')
 
 passed=0
 failed=0
@@ -96,11 +104,24 @@ step() {
 echo "gpu-check: logs in $LOGS"
 "$BIN/gorun" doctor >"$LOGS/doctor.log" 2>&1
 
-# 1. NCCL at world size 1; and "auto" choosing it.
+# 1. NCCL at world size 1; "auto" choosing it; a rank on every GPU; two
+# ranks (on one GPU, as two hosts to NCCL, over its sockets); the
+# watchdog.
 step 1-nccl-world-1 ok "checks passed on backend nccl" 1 -- \
 	"$BIN/gorun" --nproc-per-node 1 "$BIN/gpucheck" -backend nccl -want nccl
 step 1-auto-chooses-nccl ok "checks passed on backend nccl" 1 -- \
 	"$BIN/gorun" --nproc-per-node 1 "$BIN/gpucheck" -want nccl -n 4096
+step 1-nproc-per-node-gpu ok "gpucheck: backend nccl, $GPUS ranks" 1 -- \
+	"$BIN/gorun" --nproc-per-node gpu "$BIN/gpucheck" -backend nccl -want nccl -n 4096
+two_ranks=(env)
+if ((GPUS < 2)); then
+	# shellcheck disable=SC2016 # expanded by each worker's shell
+	two_ranks=(env NCCL_SOCKET_IFNAME=lo NCCL_IB_DISABLE=1 sh -c 'NCCL_HOSTID=gpu-check-$LOCAL_RANK exec "$0" "$@"')
+fi
+step 1-nccl-2-ranks ok "checks passed on backend nccl" 1 -- \
+	"$BIN/gorun" --nproc-per-node 2 "${two_ranks[@]}" "$BIN/gpucheck" -backend nccl -want nccl -n 65536
+step 1-watchdog ok "PASS  watchdog" 1 -- \
+	"$BIN/gorun" --nproc-per-node 2 "${two_ranks[@]}" "$BIN/gpucheck" -backend nccl -watchdog 10s
 
 # 2. Device tensors over TCP, 4 ranks on one GPU; "auto" falls back to
 # TCP with one warning per rank, "nccl" fails; a missing libnccl likewise.
@@ -116,21 +137,35 @@ step 2-nccl-without-nccl-fails fail "no usable libnccl.so.2 (set GORUN_NCCL_LIBR
 	env GORUN_NCCL_LIBRARY=/nonexistent/libnccl.so.2 "$BIN/gorun" --nproc-per-node 1 "$BIN/gpucheck" -backend nccl
 
 # 3. allreduce-perf on device buffers, both backends (busbw is 0 at world
-# size 1 by nccl-tests' formula; algbw is what counts there).
+# size 1 by nccl-tests' formula; algbw is what counts there), with torch's
+# NCCL all_reduce on the same GPUs; copies, ours and torch's.
 step 3-allreduce-perf-nccl ok "" "" -- \
-	"$BIN/gorun" --nproc-per-node 1 "$BIN/allreduce-perf" -backend nccl -device cuda -b 8 -e 256M -f 4
+	"$BIN/gorun" --nproc-per-node gpu "$BIN/allreduce-perf" -backend nccl -device cuda -b 8 -e 256M -f 4
+step 3-torch-allreduce-nccl ok "Out of bounds values : 0 OK" 1 -- \
+	"$BIN/gorun" --nproc-per-node gpu scripts/gpu_torch_perf.py --backend nccl -b 8 -e 256M -f 4 --copies
+step 3-copy-perf ok "" "" -- \
+	"$BIN/copy-perf"
 step 3-allreduce-perf-tcp ok "" "" -- \
 	env CUDA_VISIBLE_DEVICES=0 "$BIN/gorun" --nproc-per-node 4 "$BIN/allreduce-perf" -backend tcp -device cuda -b 8 -e 64M -f 4
 
 # 4. PyTorch under gorun.
 step 4-torch-gloo-4-ranks ok "torch job: 0 of the operations failed" 1 -- \
 	"$BIN/gorun" --nproc-per-node 4 scripts/gpu_torch_job.py --backend gloo
-step 4-torch-nccl-world-1 ok "torch job: 0 of the operations failed" 1 -- \
-	"$BIN/gorun" --nproc-per-node 1 scripts/gpu_torch_job.py --backend nccl
+step 4-torch-nccl-every-gpu ok "torch job: 0 of the operations failed" 1 -- \
+	"$BIN/gorun" --nproc-per-node gpu scripts/gpu_torch_job.py --backend nccl
 
 # 5. torch's TCPStore client against gorun's store.
 step 5-torch-store-client ok "store ops: 0 failed" 2 -- \
 	"$BIN/gorun" --nproc-per-node 2 scripts/gpu_store_ops.py
+
+# 6. Our store client against torch's (libuv) server: Go workers under
+# torchrun, and gorun's rendezvous.
+step 6-go-worker-nccl-under-torchrun ok "checks passed on backend nccl" 1 -- \
+	"$PYTHON" -m torch.distributed.run --standalone --nproc_per_node 1 --no_python "$BIN/gpucheck" -backend nccl -want nccl -n 4096
+step 6-go-workers-under-torchrun ok "checks passed on backend tcp" 1 -- \
+	env CUDA_VISIBLE_DEVICES=0 "$PYTHON" -m torch.distributed.run --standalone --nproc_per_node 4 --no_python "$BIN/gpucheck" -backend tcp -want tcp -n 4096
+step 6-gorun-rendezvous-on-torch-libuv ok "gpu_libuv_store: PASS" 1 -- \
+	"$PYTHON" scripts/gpu_libuv_store.py --want-libuv -- "$BIN/gorun" --nproc-per-node 2 "$BIN/gpucheck" -backend tcp -want tcp -n 4096
 
 {
 	echo "## gpu-check $(date -u +%Y-%m-%dT%H:%M:%SZ)"
@@ -147,13 +182,14 @@ except Exception as e:  # a torch built without NCCL
     nccl = f"none ({e})"
 print("torch", torch.__version__, "CUDA", torch.version.cuda, "NCCL", nccl)
 EOF
-	grep -h "gpucheck: backend" "$LOGS"/1-nccl-world-1.log "$LOGS"/2-tcp-4-ranks-1-gpu.log | sed 's/^\[rank0\]: //'
+	grep -h "gpucheck: backend" "$LOGS"/1-nccl-world-1.log "$LOGS"/1-nccl-2-ranks.log "$LOGS"/2-tcp-4-ranks-1-gpu.log | sed 's/^\[rank0\]: //'
+	grep -h "aborted after" "$LOGS"/1-watchdog.log | sed 's/^\[rank[0-9]*\]: //'
 	echo
 	printf '%s\n' "${results[@]}"
 	echo
 	echo "$passed passed, $failed failed"
 	echo '```'
-	for part in 1-nccl-world-1 2-tcp-4-ranks-1-gpu 4-torch-gloo-4-ranks 4-torch-nccl-world-1; do
+	for part in 1-nccl-world-1 1-nccl-2-ranks 2-tcp-4-ranks-1-gpu 4-torch-gloo-4-ranks 4-torch-nccl-every-gpu; do
 		echo
 		echo "### $part"
 		echo
@@ -167,12 +203,12 @@ EOF
 	echo '```'
 	cat "$LOGS/doctor.log"
 	echo '```'
-	for part in 3-allreduce-perf-nccl 3-allreduce-perf-tcp; do
+	for part in 3-allreduce-perf-nccl 3-torch-allreduce-nccl 3-allreduce-perf-tcp 3-copy-perf; do
 		echo
 		echo "### $part"
 		echo
 		echo '```'
-		grep -h '^\[rank0\]: ' "$LOGS/$part.log" | sed 's/^\[rank0\]: //'
+		grep -h -v -E '^(\$ |exit status |[0-9:]+ [A-Z]{3} |\[rank[1-9][0-9]*\]: )' "$LOGS/$part.log" | sed 's/^\[rank0\]: //'
 		echo '```'
 	done
 } >"$SUMMARY" 2>&1

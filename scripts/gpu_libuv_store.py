@@ -27,9 +27,12 @@ def host_store(want_libuv):
     kwargs = dict(is_master=True, wait_for_workers=False, timeout=datetime.timedelta(seconds=60))
     try:
         return dist.TCPStore("127.0.0.1", 0, use_libuv=True, **kwargs)
-    except TypeError:  # torch before 2.3: no use_libuv, and no libuv
+    except (TypeError, RuntimeError) as e:  # before 2.3, no use_libuv; or built without libuv
         if want_libuv:
-            raise SystemExit(f"gpu_libuv_store: torch {torch.__version__}'s TCPStore has no libuv server")
+            raise SystemExit(f"gpu_libuv_store: torch {torch.__version__} hosts no libuv server: {e}")
+    try:
+        return dist.TCPStore("127.0.0.1", 0, use_libuv=False, **kwargs)
+    except TypeError:
         return dist.TCPStore("127.0.0.1", 0, **kwargs)
 
 
