@@ -4,7 +4,7 @@ BIN         := bin
 STATICCHECK := honnef.co/go/tools/cmd/staticcheck@v0.8.2
 FUZZTIME    ?= 15s
 
-.PHONY: all build run test test-laptop fuzz lint bench bench-compare clean
+.PHONY: all build gpu-bin run test test-laptop fuzz lint bench bench-compare clean
 
 all: build
 
@@ -14,6 +14,13 @@ all: build
 build:
 	$(GO) build -tags urfave_cli_no_docs -o $(BIN)/gorun ./cmd/gorun
 	$(GO) build -o $(BIN)/ ./examples/...
+
+# What scripts/gpu-check.sh runs on a GPU machine, which needs no Go:
+# built without cgo and stripped (about 33 MB), to copy there with the
+# tree (docs/gpu.md).
+gpu-bin:
+	CGO_ENABLED=0 $(GO) build -tags urfave_cli_no_docs -ldflags='-s -w' -o $(BIN)/gpu/ \
+		./cmd/gorun ./examples/gpucheck ./examples/allreduce-perf ./examples/copy-perf
 
 # Four local workers train a model data-parallel: gradients are averaged
 # with all_reduce, the loss falls, and the parameters stay identical.

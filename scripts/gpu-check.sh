@@ -18,8 +18,8 @@
 #      and on 4 ranks, and gorun's rendezvous on torch's libuv server.
 #
 # It runs offline and needs no Go: only binaries built beforehand into
-# bin/ (CGO_ENABLED=0 make build), and a python3 with PyTorch 2.x for
-# CUDA, whose NCCL wheel is where gorun finds libnccl.so.2 by default.
+# bin/gpu (make gpu-bin), and a python3 with PyTorch 2.x for CUDA, whose
+# NCCL wheel is where gorun finds libnccl.so.2 by default.
 #
 #   scripts/gpu-check.sh                      # logs in a new temporary folder
 #   GPU_CHECK_LOGS=DIR scripts/gpu-check.sh   # logs, and summary.md, in DIR
@@ -30,7 +30,7 @@
 set -u -o pipefail
 
 cd "$(dirname "$0")/.."
-BIN=${BIN:-bin}
+BIN=${BIN:-bin/gpu}
 PYTHON=${PYTHON:-python3}
 STEP_TIMEOUT=${STEP_TIMEOUT:-300}
 LOGS=${GPU_CHECK_LOGS:-$(mktemp -d "${TMPDIR:-/tmp}/gpu-check.XXXXXX")}
@@ -45,7 +45,7 @@ missing() {
 }
 
 for b in gorun gpucheck allreduce-perf copy-perf; do
-	[[ -x $BIN/$b ]] || missing "$BIN/$b is missing: build it first (CGO_ENABLED=0 make build)"
+	[[ -x $BIN/$b ]] || missing "$BIN/$b is missing: build it first (make gpu-bin)"
 done
 command -v "$PYTHON" >/dev/null || missing "no $PYTHON"
 "$PYTHON" - <<'EOF' || missing "$PYTHON needs PyTorch 2.x with CUDA and a GPU"
