@@ -16,11 +16,13 @@ build:
 	$(GO) build -o $(BIN)/ ./examples/...
 
 # What scripts/gpu-check.sh runs on a GPU machine, which needs no Go:
-# built without cgo and stripped (about 33 MB), to copy there with the
-# tree (docs/gpu.md).
+# built without cgo and stripped (about 40 MB), to copy there with the
+# tree (docs/gpu.md); the store's interop tests against torch's server
+# go as a test binary.
 gpu-bin:
 	CGO_ENABLED=0 $(GO) build -tags urfave_cli_no_docs -ldflags='-s -w' -o $(BIN)/gpu/ \
 		./cmd/gorun ./examples/gpucheck ./examples/allreduce-perf ./examples/copy-perf
+	CGO_ENABLED=0 $(GO) test -c -ldflags='-s -w' -o $(BIN)/gpu/rendezvous.test ./rendezvous
 
 # Four local workers train a model data-parallel: gradients are averaged
 # with all_reduce, the loss falls, and the parameters stay identical.

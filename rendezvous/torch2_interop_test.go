@@ -23,16 +23,17 @@ var torch2Root struct {
 }
 
 // requireTorch2 returns the torch 2.6 root ($GORUN_TORCH2_ROOT, else
-// torch2test.DefaultDir), building it on first use. Without root or
+// torch2test.DefaultDir), building it on first use; or, where
+// $GORUN_TORCH2_PYTHON names one, a python3 with torch 2.x to run as it
+// is (a GPU machine's, with libuv: scripts/gpu-check.sh). Without root or
 // debootstrap the test is skipped, or fails under CI=true.
 func requireTorch2(t testing.TB) *torch2test.Root {
 	t.Helper()
-	torch2Root.once.Do(func() {
-		torch2Root.root = torch2test.Require(t, torch2test.Options{Dir: os.Getenv("GORUN_TORCH2_ROOT")})
-	})
+	opts := torch2test.Options{Dir: os.Getenv("GORUN_TORCH2_ROOT"), Python: os.Getenv("GORUN_TORCH2_PYTHON")}
+	torch2Root.once.Do(func() { torch2Root.root = torch2test.Require(t, opts) })
 	if torch2Root.root == nil {
 		// Require skipped or failed the first caller; so it does this one.
-		torch2test.Require(t, torch2test.Options{Dir: os.Getenv("GORUN_TORCH2_ROOT")})
+		torch2test.Require(t, opts)
 	}
 	return torch2Root.root
 }

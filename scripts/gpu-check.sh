@@ -15,7 +15,8 @@
 #      ranks, NCCL on every GPU;
 #   5. torch's TCPStore client against gorun's store, every operation;
 #   6. Go workers under torch's torchrun (its libuv store), with NCCL
-#      and on 4 ranks, and gorun's rendezvous on torch's libuv server.
+#      and on 4 ranks; gorun's rendezvous on torch's libuv server; and
+#      the store's interop tests (bin/gpu/rendezvous.test) against it.
 #
 # It runs offline and needs no Go: only binaries built beforehand into
 # bin/gpu (make gpu-bin), and a python3 with PyTorch 2.x for CUDA, whose
@@ -44,7 +45,7 @@ missing() {
 	exit 2
 }
 
-for b in gorun gpucheck allreduce-perf copy-perf; do
+for b in gorun gpucheck allreduce-perf copy-perf rendezvous.test; do
 	[[ -x $BIN/$b ]] || missing "$BIN/$b is missing: build it first (make gpu-bin)"
 done
 command -v "$PYTHON" >/dev/null || missing "no $PYTHON"
@@ -166,6 +167,12 @@ step 6-go-workers-under-torchrun ok "checks passed on backend tcp" 1 -- \
 	env CUDA_VISIBLE_DEVICES=0 "$PYTHON" -m torch.distributed.run --standalone --nproc_per_node 4 --no_python "$BIN/gpucheck" -backend tcp -want tcp -n 4096
 step 6-gorun-rendezvous-on-torch-libuv ok "gpu_libuv_store: PASS" 1 -- \
 	"$PYTHON" scripts/gpu_libuv_store.py --want-libuv -- "$BIN/gorun" --nproc-per-node 2 "$BIN/gpucheck" -backend tcp -want tcp -n 4096
+# Our client's conformance suite on torch's server, and torch's client
+# alike on both servers: the tests read their script from rendezvous/.
+# shellcheck disable=SC2016 # expanded by that shell
+step 6-store-tests-on-torch-libuv ok "serving, libuv: True" 2 -- \
+	env CI=true GORUN_TORCH2_PYTHON="$PYTHON" sh -c 'cd rendezvous && exec "$0" "$@"' "$(cd "$BIN" && pwd)/rendezvous.test" \
+	-test.run '^(TestOurClientAgainstTorch2Server|TestTorch2ClientSameOnBothServers)$' -test.v
 
 {
 	echo "## gpu-check $(date -u +%Y-%m-%dT%H:%M:%SZ)"

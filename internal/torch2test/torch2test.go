@@ -50,15 +50,23 @@ type Options struct {
 	Share []string
 	// Log receives debootstrap's output while the root is built.
 	Log io.Writer
+	// Python, when set, is a python3 with torch 2.x to run as it is
+	// instead of a root's, such as a GPU machine's, whose TCPStore has
+	// libuv: then nothing is built or mounted.
+	Python string
 }
 
-// Root is a working torch 2.6 root.
+// Root is a working torch 2.6 root, or the python3 of Options.Python.
 type Root struct {
-	Dir string
+	Dir    string
+	python string // Options.Python; empty for the root's own
 }
 
 // Python returns the command line that runs the root's python3 with args.
 func (r *Root) Python(args ...string) []string {
+	if r.python != "" {
+		return append([]string{r.python}, args...)
+	}
 	return append([]string{"chroot", r.Dir, "python3"}, args...)
 }
 
@@ -80,6 +88,10 @@ const lockPoll = 200 * time.Millisecond
 // mounting it at once. Without root or debootstrap it returns an error
 // that wraps ErrUnavailable.
 func Ensure(ctx context.Context, opts Options) (*Root, error) {
+	if opts.Python != "" {
+		r := &Root{python: opts.Python}
+		return r, r.importsTorch(ctx)
+	}
 	if opts.Dir == "" {
 		opts.Dir = DefaultDir
 	}
@@ -145,7 +157,7 @@ func (r *Root) importsTorch(ctx context.Context) error {
 	argv := r.Python("-c", "import torch.distributed")
 	out, err := exec.CommandContext(ctx, argv[0], argv[1:]...).CombinedOutput()
 	if err != nil {
-		return fmt.Errorf("torch2test: %s cannot import torch: %w: %s", r.Dir, err, lastLine(out))
+		return fmt.Errorf("torch2test: %s cannot import torch: %w: %s", strings.Join(argv[:len(argv)-2], " "), err, lastLine(out))
 	}
 	return nil
 }

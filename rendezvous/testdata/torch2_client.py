@@ -3,7 +3,8 @@
 
   torch2_client.py serve
       Hosts torch's own TCPStore server on a free port of 127.0.0.1, prints
-      {"port": N} and serves until stdin closes.
+      {"port": N} and serves until stdin closes: libuv's where this torch
+      has it (as on a GPU machine's pip torch; stderr says which).
   torch2_client.py client HOST PORT
       Runs every operation of 2.6's Python binding against the server at
       HOST:PORT and prints one JSON line per step, {"step": ..., "result":
@@ -12,7 +13,7 @@
       the key.
 
 Debian builds torch 2.6 without libuv, which 2.x asks for by default: every
-store here says use_libuv=False. Values are printed as latin-1 strings;
+client here says use_libuv=False, and the server falls back to it. Values are printed as latin-1 strings;
 failures as {"error": message}.
 """
 
@@ -20,6 +21,7 @@ import datetime
 import json
 import sys
 
+import torch
 import torch.distributed as dist
 
 
@@ -39,7 +41,11 @@ def attempt(step, fn):
 
 
 def serve():
-    store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False, use_libuv=False)
+    try:
+        store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False, use_libuv=True)
+    except RuntimeError:  # built without libuv
+        store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False, use_libuv=False)
+    print(f"torch2_client.py: torch {torch.__version__} serving, libuv: {store.libuvBackend}", file=sys.stderr, flush=True)
     out("port", store.port)
     sys.stdin.read()
 
