@@ -566,6 +566,13 @@ func (a *Agent) watch(ctx context.Context, att *attempt, changed <-chan struct{}
 					a.opts.Timeline.hung(a.now(), hang)
 				}
 			}
+		case <-hang.foundElsewhere():
+			if !stopping {
+				hang.checkElsewhere()
+				if hang.hung() {
+					a.opts.Timeline.hung(a.now(), hang)
+				}
+			}
 		case <-hang.dumped():
 			stop(syscall.SIGTERM)
 		case r := <-timers.requests():
@@ -595,7 +602,15 @@ func (a *Agent) watch(ctx context.Context, att *attempt, changed <-chan struct{}
 			changed = nil
 			if !stopping {
 				out.changed = true
-				stop(syscall.SIGTERM)
+				// A node that found the job hung ends the round at once:
+				// the stalled workers here dump their stacks first, even
+				// where the answer to its request is still being analysed.
+				if hang.foundByAnother() && !hang.hung() {
+					hang.checkElsewhere()
+				}
+				if !hang.dumping() {
+					stop(syscall.SIGTERM)
+				}
 			}
 		case <-done:
 			done = nil

@@ -10,6 +10,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -112,7 +113,11 @@ func (h *hangWatch) forget(localRank int) { delete(h.workers, localRank) }
 
 // check reads every counter and returns the stuck workers, by local rank.
 // A counter that cannot be read counts as unchanged.
-func (h *hangWatch) check() []stuckWorker {
+func (h *hangWatch) check() []stuckWorker { return h.stalled(h.timeout) }
+
+// stalled reads every counter and returns, by local rank, the armed
+// workers whose counters have stood still for least or longer.
+func (h *hangWatch) stalled(least time.Duration) []stuckWorker {
 	now := h.now()
 	var stuck []stuckWorker
 	for lr, w := range h.workers {
@@ -120,7 +125,7 @@ func (h *hangWatch) check() []stuckWorker {
 			w.count, w.armed, w.since = n, true, now
 			continue
 		}
-		if idle := now.Sub(w.since); w.armed && idle >= h.timeout {
+		if idle := now.Sub(w.since); w.armed && idle >= least {
 			stuck = append(stuck, stuckWorker{localRank: lr, rank: w.rank, idle: idle})
 		}
 	}
@@ -148,6 +153,12 @@ type hangCheck struct {
 	share    *flightShare       // with the other nodes; nil: one node
 	stacks   map[int]string     // the workers' stacks sockets, by rank
 	ctx      context.Context    // the watch's
+
+	// elsewhere receives once another node found the hang and this node
+	// answered it (the share's goroutine sends, after the analysis);
+	// hungElsewhere is set as the answer begins.
+	elsewhere     chan struct{}
+	hungElsewhere atomic.Bool
 
 	// The analysis is made once, by check or, when another node found
 	// the hang first, by the goroutine that answered it.
@@ -188,7 +199,7 @@ func (h *hangCheck) analyse() (lines []string, laggards []int) {
 	if h.madeLines {
 		return h.lines, h.laggards
 	}
-	all, missing := h.share.gather(h.ctx, h.flights(), hangGatherWait)
+	all, missing := h.share.gather(h.ctx, h.flights(), h.afterFailure, hangGatherWait)
 	lines, laggards = analyzeHang(all, h.watch.now())
 	if len(missing) > 0 {
 		lines = append(lines, fmt.Sprintf("node(s) %v sent no flight records within %s: the analysis lacks their ranks", missing, hangGatherWait))
@@ -262,10 +273,11 @@ func (a *Agent) startHangCheck(ctx context.Context, att *attempt) *hangCheck {
 		}
 	}
 	if r := att.round; r != nil && r.store != nil && r.ranks.GroupWorldSize > 1 {
+		h.elsewhere = make(chan struct{}, 1) // answered once
 		h.share = &flightShare{
 			store: r.store, restart: r.restarts, node: r.ranks.GroupRank, nodes: r.ranks.GroupWorldSize,
 			read: h.flights, log: a.log, period: hangCheckPeriod(a.spec.HangTimeout),
-			onAnswer: func() { h.analyse() },
+			onAnswer: h.answered,
 		}
 		h.share.start(ctx)
 	}
@@ -305,13 +317,65 @@ func (h *hangCheck) dumped() <-chan time.Time {
 	return h.dumpWait
 }
 
+// answered follows this node's answer to another node's request for
+// its records (on the answering goroutine): it makes the analysis too,
+// labelled as that node's, and for a hang then tells the watch loop,
+// which dumps this node's stalled workers (checkElsewhere).
+func (h *hangCheck) answered(hang bool) {
+	h.analysed.Lock()
+	if !h.madeLines {
+		h.afterFailure = !hang
+	}
+	h.analysed.Unlock()
+	if hang {
+		h.hungElsewhere.Store(true)
+	}
+	h.analyse()
+	if hang {
+		h.elsewhere <- struct{}{}
+	}
+}
+
+// foundElsewhere fires when another node found the job hung and this
+// node has answered with its records and logged the analysis; nil once
+// this node found the hang itself.
+func (h *hangCheck) foundElsewhere() <-chan struct{} {
+	if h == nil || h.stuck != nil {
+		return nil
+	}
+	return h.elsewhere
+}
+
 // hung reports whether a hang was found.
 func (h *hangCheck) hung() bool { return h != nil && h.stuck != nil }
+
+// foundByAnother reports whether another node found the job hung and
+// asked for this node's records.
+func (h *hangCheck) foundByAnother() bool { return h != nil && h.hungElsewhere.Load() }
+
+// dumping reports whether stuck workers are dumping their stacks: a stop
+// now would cut their dumps short.
+func (h *hangCheck) dumping() bool { return h.hung() && h.pending > 0 && h.dumpWait != nil }
 
 // check reads the counters; on a hang it logs the stuck ranks and
 // signals them to dump their stacks.
 func (h *hangCheck) check() {
-	stuck := h.watch.check()
+	h.dump(h.watch.check(), "worker group hung: no collective progress; dumping the stuck workers' stacks")
+}
+
+// checkElsewhere follows another node that found the job hung, and will
+// stop it: this node's workers that have made no progress for a check
+// period dump their stacks too, before the stop reaches them, as they
+// would have had this node seen the hang first (its counters, read a
+// period apart from the other node's, may not have shown it yet).
+func (h *hangCheck) checkElsewhere() {
+	h.dump(h.watch.stalled(hangCheckPeriod(h.watch.timeout)),
+		"another node found the job hung; dumping the stacks of this node's workers that made no progress")
+}
+
+// dump logs stuck, the workers of a hang, and the analysis, and signals
+// them to dump their stacks, the laggards first.
+func (h *hangCheck) dump(stuck []stuckWorker, msg string) {
 	if len(stuck) == 0 {
 		return
 	}
@@ -324,7 +388,7 @@ func (h *hangCheck) check() {
 	}
 	h.pending = len(stuck)
 	h.log.Error().Str("event", eventHang).Ints("ranks", ranks).Str("idle", roundIdle(stuck[0].idle).String()).
-		Str("signal", signalName(h.dumpSig)).Msg("worker group hung: no collective progress; dumping the stuck workers' stacks")
+		Str("signal", signalName(h.dumpSig)).Msg(msg)
 	lines, laggards := h.analyse()
 	h.analysis = strings.Join(lines, "\n")
 	// The laggards dump first, so that the stacks of the ranks that hold
@@ -420,7 +484,13 @@ func (h *hangCheck) logLaggardStacks(laggards []int) {
 		stacks, err := askStacks(ctx, sock)
 		cancel()
 		if err != nil {
-			h.log.Warn().Err(err).Int("rank", rank).Msg("asking a laggard for its stacks")
+			// After a failure the group is being stopped: a laggard
+			// gone already is no news.
+			lvl := zerolog.WarnLevel
+			if h.afterFailure {
+				lvl = zerolog.DebugLevel
+			}
+			h.log.WithLevel(lvl).Err(err).Int("rank", rank).Msg("asking a laggard for its stacks")
 			continue
 		}
 		h.log.Error().Msgf("stacks of rank %d, which holds the others up:\n%s", rank, strings.TrimRight(stacks, "\n"))

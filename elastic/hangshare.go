@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"slices"
 	"strconv"
+	"strings"
 	"sync/atomic"
 	"time"
 
@@ -21,9 +22,12 @@ import (
 // the other agents for theirs through a request key, and waits up to
 // hangGatherWait for them before it analyses every rank at once. The
 // other agents, which find the same hang at about the same time, do the
-// same; one that does not (its own ranks still progress) answers the
+// same; one that does not (its ranks progressed more lately) answers the
 // request at its next hang check, a store Check each tick while
-// --hang-timeout is on and nothing else. Keys carry the restart count:
+// --hang-timeout is on and nothing else, and then dumps the stacks of
+// its workers that made no progress for a check period, before the stop
+// of the job that the other node fails reaches them. A request that
+// explains a failure says so, and is answered with the analysis only. Keys carry the restart count:
 // restarts within a round share its store.
 const hangGatherWait = 2 * time.Second
 
@@ -33,11 +37,14 @@ func flightKey(restart, node int) string {
 	return "gorun/flight/" + strconv.Itoa(restart) + "/" + strconv.Itoa(node)
 }
 
-// flightRequestKey is set by an agent that found a hang, to ask the
-// others for their records.
+// flightRequestKey is set by an agent that found a hang, or explains a
+// failure, to ask the others for their records; its value is the node
+// and, for a failure, failureRequest after it.
 func flightRequestKey(restart int) string {
 	return "gorun/flight/" + strconv.Itoa(restart) + "/request"
 }
+
+const failureRequest = " failure"
 
 // flightDoc is a rank's records as published, compact.
 type flightDoc struct {
@@ -103,9 +110,10 @@ type flightShare struct {
 	period      time.Duration // of the answer checks
 	answered    atomic.Bool   // this node's records are published
 	stop        func()        // the answering goroutine
-	// onAnswer, when set, runs after the goroutine answered a request:
-	// the analysis, which this node makes too.
-	onAnswer func()
+	// onAnswer, when set, runs after the goroutine answered a request,
+	// which was for a hang or, when hang is false, to explain a failure:
+	// the analysis, which this node makes too, and for a hang its dumps.
+	onAnswer func(hang bool)
 }
 
 // publish puts this node's records in the store.
@@ -121,20 +129,25 @@ func (s *flightShare) publish(ctx context.Context) error {
 }
 
 // answer publishes this node's records if another agent asked for them
-// and they were not published yet; it reports whether it published.
-func (s *flightShare) answer(ctx context.Context) (bool, error) {
+// and they were not published yet; it reports whether it published, and
+// whether the request was for a hang (else to explain a failure).
+func (s *flightShare) answer(ctx context.Context) (published, hang bool, err error) {
 	if s == nil || s.answered.Load() {
-		return false, nil
+		return false, false, nil
 	}
 	asked, err := s.store.Check(ctx, []string{flightRequestKey(s.restart)})
 	if err != nil || !asked {
-		return false, err
+		return false, false, err
+	}
+	request, err := s.store.Get(ctx, flightRequestKey(s.restart))
+	if err != nil {
+		return false, false, err
 	}
 	if err := s.publish(ctx); err != nil {
-		return false, err
+		return false, false, err
 	}
 	s.answered.Store(true)
-	return true, nil
+	return true, !strings.HasSuffix(string(request), failureRequest), nil
 }
 
 // start answers, every period, another agent's request, until the
@@ -157,15 +170,19 @@ func (s *flightShare) start(ctx context.Context) {
 			case <-t.C:
 			}
 			actx, acancel := context.WithTimeout(ctx, s.period)
-			ok, err := s.answer(actx)
+			ok, hang, err := s.answer(actx)
 			if err != nil && ctx.Err() == nil {
 				s.log.Debug().Err(err).Msg("answering a hang analysis")
 			}
 			acancel()
 			if ok {
-				s.log.Info().Msg("another node found the job hung: published this node's flight records")
+				if hang {
+					s.log.Info().Msg("another node found the job hung: published this node's flight records")
+				} else {
+					s.log.Info().Msg("another node explains a failure: published this node's flight records")
+				}
 				if s.onAnswer != nil {
-					s.onAnswer()
+					s.onAnswer(hang)
 				}
 			}
 		}
@@ -180,9 +197,10 @@ func (s *flightShare) close() {
 }
 
 // gather publishes this node's records, own, asks the other nodes for
-// theirs, and returns every rank's records that came within wait, by
-// rank, and the nodes whose records did not.
-func (s *flightShare) gather(ctx context.Context, own []rankFlight, wait time.Duration) (ranks []rankFlight, missing []int) {
+// theirs, for a hang or to explain a failure, and returns every rank's
+// records that came within wait, by rank, and the nodes whose records did
+// not.
+func (s *flightShare) gather(ctx context.Context, own []rankFlight, failure bool, wait time.Duration) (ranks []rankFlight, missing []int) {
 	if s == nil {
 		return own, nil
 	}
@@ -191,7 +209,11 @@ func (s *flightShare) gather(ctx context.Context, own []rankFlight, wait time.Du
 	ranks = own
 	err := s.publish(ctx)
 	if err == nil {
-		err = s.store.Set(ctx, flightRequestKey(s.restart), []byte(strconv.Itoa(s.node)))
+		request := strconv.Itoa(s.node)
+		if failure {
+			request += failureRequest
+		}
+		err = s.store.Set(ctx, flightRequestKey(s.restart), []byte(request))
 	}
 	if err != nil {
 		s.log.Warn().Err(err).Msg("the hang analysis sees this node's ranks only")

@@ -63,20 +63,25 @@ func TestGatherFlights(t *testing.T) {
 	}
 	// Node 2 answers at its next check only.
 	n2 := share(store, 2, 4, in(4, 6, true))
-	if ok, err := n2.answer(ctx); ok || err != nil {
+	if ok, _, err := n2.answer(ctx); ok || err != nil {
 		t.Fatalf("an agent answered a request nobody made: %v %v", ok, err)
 	}
 	if ok, _ := store.Check(ctx, []string{flightKey(1, 2)}); ok {
 		t.Fatal("node 2 published unasked")
 	}
 	analysed := make(chan struct{})
-	n2.onAnswer = func() { close(analysed) } // the answering node analyses too
+	n2.onAnswer = func(hang bool) { // the answering node analyses too
+		if !hang {
+			t.Error("a hang's request was answered as a failure's")
+		}
+		close(analysed)
+	}
 	n2.start(ctx)
 	defer n2.close()
 	// Node 3 never answers.
 	wait := 300 * time.Millisecond
 	start := time.Now()
-	all, missing := share(store, 0, 4, in(0, 6, true), in(1, 6, true)).gather(ctx, []rankFlight{in(0, 6, true), in(1, 6, true)}, wait)
+	all, missing := share(store, 0, 4, in(0, 6, true), in(1, 6, true)).gather(ctx, []rankFlight{in(0, 6, true), in(1, 6, true)}, false, wait)
 	if took := time.Since(start); took > wait+time.Second {
 		t.Errorf("gather took %s, over its wait %s", took, wait)
 	}
@@ -97,7 +102,7 @@ func TestGatherFlights(t *testing.T) {
 		t.Error("node 2 answered without making the analysis")
 	}
 	// Answering is once per attempt.
-	if ok, err := n2.answer(ctx); ok || err != nil {
+	if ok, _, err := n2.answer(ctx); ok || err != nil {
 		t.Errorf("node 2 answered twice: %v %v", ok, err)
 	}
 }
@@ -107,14 +112,41 @@ func TestGatherFlights(t *testing.T) {
 func TestGatherFlightsAlone(t *testing.T) {
 	var none *flightShare
 	own := []rankFlight{in(0, 6, true)}
-	if all, missing := none.gather(t.Context(), own, time.Second); !reflect.DeepEqual(all, own) || missing != nil {
+	if all, missing := none.gather(t.Context(), own, false, time.Second); !reflect.DeepEqual(all, own) || missing != nil {
 		t.Errorf("no share: %v %v", all, missing)
 	}
 	store := rendezvous.NewMemoryStore(time.Minute)
 	store.Close()
 	ctx, cancel := context.WithTimeout(t.Context(), 5*time.Second)
 	defer cancel()
-	if all, missing := share(store, 0, 2).gather(ctx, own, time.Second); !reflect.DeepEqual(all, own) || missing != nil {
+	if all, missing := share(store, 0, 2).gather(ctx, own, false, time.Second); !reflect.DeepEqual(all, own) || missing != nil {
 		t.Errorf("closed store: %v %v", all, missing)
+	}
+}
+
+// A request that explains a failure is answered as one, not as a hang:
+// the answering node labels its analysis so and dumps no stacks.
+func TestAnswerTellsAFailureFromAHang(t *testing.T) {
+	for _, failure := range []bool{false, true} {
+		store := rendezvous.NewMemoryStore(time.Minute)
+		ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
+		asking, answering := share(store, 0, 2, in(0, 6, true)), share(store, 1, 2, in(1, 5, false))
+		got := make(chan bool, 1)
+		answering.onAnswer = func(hang bool) { got <- hang }
+		answering.start(ctx)
+		if _, missing := asking.gather(ctx, []rankFlight{in(0, 6, true)}, failure, 5*time.Second); missing != nil {
+			t.Errorf("failure %v: node 1 did not answer", failure)
+		}
+		select {
+		case hang := <-got:
+			if hang == failure {
+				t.Errorf("a request for a failure (%v) was answered as a hang (%v)", failure, hang)
+			}
+		case <-ctx.Done():
+			t.Errorf("failure %v: no answer", failure)
+		}
+		answering.close()
+		cancel()
+		store.Close()
 	}
 }
