@@ -27,8 +27,8 @@ import (
 // --hang-timeout is on and nothing else, and then dumps the stacks of
 // its workers that made no progress for a check period, before the stop
 // of the job that the other node fails reaches them. A request that
-// explains a failure says so, and is answered with the analysis only. Keys carry the restart count:
-// restarts within a round share its store.
+// explains a failure says so, and is answered with the analysis only.
+// Keys carry the restart count: restarts within a round share its store.
 const hangGatherWait = 2 * time.Second
 
 // flightKey is the round store's key of node's flight records, in the
