@@ -39,6 +39,7 @@ mkdir -p "$LOGS"
 SUMMARY=$LOGS/summary.md
 export PYTHON_EXEC=$PYTHON # the interpreter gorun runs .py programs with
 export PYTHONUNBUFFERED=1
+export NCCL_DEBUG=${NCCL_DEBUG:-WARN} # a failing step's log says why NCCL failed
 
 missing() {
 	echo "gpu-check: $*" >&2
