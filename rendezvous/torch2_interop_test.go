@@ -144,7 +144,8 @@ func TestTorch2ClientSameOnBothServers(t *testing.T) {
 
 // TestOurClientAgainstTorch2Server runs the conformance suite with our
 // Client against torch 2.6's own server (without libuv, as Debian builds
-// it; the wire protocol is the same).
+// it; libuv's with a GORUN_TORCH2_PYTHON whose torch has it: the wire
+// protocol is the same).
 func TestOurClientAgainstTorch2Server(t *testing.T) {
 	addr := startTorch2Server(t)
 	c := dialClient(t, addr, ClientOptions{WorldSize: 1})
@@ -158,7 +159,7 @@ func TestOurClientAgainstTorch2Server(t *testing.T) {
 			store:           open(t),
 			open:            open,
 			appendSupported: true,
-			compareSetWakes: false, // torch 2.6's server without libuv does not wake on compare_set
+			compareSetWakes: false, // torch 2.6's server without libuv does not wake on compare_set (not asked of libuv's)
 		}
 	})
 }

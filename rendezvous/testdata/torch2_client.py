@@ -13,8 +13,8 @@
       the key.
 
 Debian builds torch 2.6 without libuv, which 2.x asks for by default: every
-client here says use_libuv=False, and the server falls back to it. Values are printed as latin-1 strings;
-failures as {"error": message}.
+client here says use_libuv=False, and the server falls back to it. Values
+are printed as latin-1 strings; failures as {"error": message}.
 """
 
 import datetime
