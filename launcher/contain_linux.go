@@ -190,7 +190,7 @@ func (c *Containment) reapLoop() {
 // killLeftovers kills, in subreaper mode, what leftovers picks; c.starts
 // must be held for writing.
 func (c *Containment) killLeftovers() {
-	killed, left := killLeftovers(c.mark, c.isStarted, func() { reapAdopted(c.isStarted) }, killWait)
+	killed, left := killLeftovers(c.mark, c.isStarted, func() { reapAdopted(c.isStarted) }, killWait, execSettle, false)
 	if len(killed) > 0 {
 		c.log.Info().Ints("pids", killed).Msg("killed processes the workers left behind")
 	}
@@ -377,7 +377,7 @@ func killJob(cgroup, mark string) error {
 	}
 	if mark != "" {
 		none := func(int) bool { return false }
-		if _, left := killLeftovers(mark, none, func() {}, killWait); len(left) > 0 {
+		if _, left := killLeftovers(mark, none, func() {}, killWait, execSettle, true); len(left) > 0 {
 			errs = append(errs, fmt.Errorf("processes %v of the job outlived SIGKILL", left))
 		}
 	}

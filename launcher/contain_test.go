@@ -132,6 +132,35 @@ func TestLeftovers(t *testing.T) {
 	}
 }
 
+// A process that takes the mark only after the first scan, as one caught
+// in the middle of its exec shows no environment until the exec is done,
+// is found by the look a settle later: the keeper looks twice even where
+// its first scan found nothing.
+func TestKillLeftoversLooksAgainAfterAnExec(t *testing.T) {
+	mark := "exec-" + strconv.Itoa(os.Getpid())
+	late := exec.Command("sh", "-c", "sleep 0.05; exec env "+JobMarkEnv+"="+mark+" sleep 30")
+	late.Env = []string{"PATH=" + os.Getenv("PATH")}
+	if err := late.Start(); err != nil {
+		t.Fatal(err)
+	}
+	waited := make(chan error, 1)
+	go func() { waited <- late.Wait() }()
+	t.Cleanup(func() { late.Process.Kill() })
+	none := func(int) bool { return false }
+	killed, left := killLeftovers(mark, none, func() {}, 10*time.Second, time.Second, true)
+	if !slices.Equal(killed, []int{late.Process.Pid}) || len(left) != 0 {
+		t.Fatalf("killed %v, left %v; want %d killed", killed, left, late.Process.Pid)
+	}
+	select {
+	case err := <-waited:
+		if status, ok := late.ProcessState.Sys().(syscall.WaitStatus); !ok || status.Signal() != syscall.SIGKILL {
+			t.Errorf("it ended with %v, want SIGKILL", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Error("it outlived its kill")
+	}
+}
+
 // contain returns a Containment in mode, closed when the test ends; a
 // cgroup that cannot be had skips the test (fails it under CI=true, whose
 // VM runs as root with cgroup2).

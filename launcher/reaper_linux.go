@@ -143,17 +143,32 @@ func hasMark(environ []byte, mark string) bool {
 // next), at most for wait; after each round, reap reaps the adopted
 // processes that died. It returns the pids it killed and those still alive
 // at the deadline.
-func killLeftovers(mark string, started func(int) bool, reap func(), wait time.Duration) (killed, left []int) {
+//
+// A process in the middle of an exec shows an empty environment for a
+// moment, and so no mark: a scan that finds nothing is believed only when
+// another, settle later, finds nothing either. That second look follows a
+// round that killed something and, where always is set (the keeper, whose
+// agent is gone), the first scan too; an agent's job that left nothing
+// ends without it.
+func killLeftovers(mark string, started func(int) bool, reap func(), wait, settle time.Duration, always bool) (killed, left []int) {
 	self, pgid, uid := os.Getpid(), syscall.Getpgrp(), os.Getuid()
 	deadline := time.Now().Add(wait)
+	settled := false // the last scan found nothing, settle ago
 	for {
 		pids := leftovers(scanProcs(mark, uid), self, pgid, started)
-		if len(pids) == 0 || time.Now().After(deadline) {
+		quiet := len(pids) == 0
+		if quiet && !settled && (always || len(killed) > 0) && time.Now().Before(deadline) {
+			settled = true
+			time.Sleep(settle)
+			continue
+		}
+		if quiet || time.Now().After(deadline) {
 			// What was killed since the last reap is dead now, if adopted
 			// a zombie of ours.
 			reap()
 			return killed, pids
 		}
+		settled = false
 		for _, pid := range pids {
 			if syscall.Kill(pid, syscall.SIGKILL) == nil && !slices.Contains(killed, pid) {
 				killed = append(killed, pid)
@@ -163,6 +178,10 @@ func killLeftovers(mark string, started func(int) bool, reap func(), wait time.D
 		time.Sleep(cgroupPoll)
 	}
 }
+
+// execSettle is how long a process's exec may hide its environment
+// before a scan that found nothing is believed (see killLeftovers).
+const execSettle = 100 * time.Millisecond
 
 // reapAdopted reaps the children of this process that are dead, that it
 // did not start (started), and that are not in its own process group: the
