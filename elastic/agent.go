@@ -529,6 +529,14 @@ func (a *Agent) watch(ctx context.Context, att *attempt, changed <-chan struct{}
 	}
 	hang := a.startHangCheck(ctx, att)
 	defer hang.stop()
+	// look runs one of hang's checks, and puts a hang it finds on the
+	// timeline.
+	look := func(check func()) {
+		check()
+		if hang.hung() {
+			a.opts.Timeline.hung(a.now(), hang)
+		}
+	}
 	timers := a.startFileTimer(att)
 	defer timers.stop()
 	done := ctx.Done()
@@ -561,17 +569,11 @@ func (a *Agent) watch(ctx context.Context, att *attempt, changed <-chan struct{}
 			}
 		case <-hang.tick():
 			if !stopping {
-				hang.check()
-				if hang.hung() {
-					a.opts.Timeline.hung(a.now(), hang)
-				}
+				look(hang.check)
 			}
 		case <-hang.foundElsewhere():
 			if !stopping {
-				hang.checkElsewhere()
-				if hang.hung() {
-					a.opts.Timeline.hung(a.now(), hang)
-				}
+				look(hang.checkElsewhere)
 			}
 		case <-hang.dumped():
 			stop(syscall.SIGTERM)
@@ -606,7 +608,7 @@ func (a *Agent) watch(ctx context.Context, att *attempt, changed <-chan struct{}
 				// the stalled workers here dump their stacks first, even
 				// where the answer to its request is still being analysed.
 				if hang.foundByAnother() && !hang.hung() {
-					hang.checkElsewhere()
+					look(hang.checkElsewhere)
 				}
 				if !hang.dumping() {
 					stop(syscall.SIGTERM)

@@ -355,7 +355,7 @@ func (h *hangCheck) foundByAnother() bool { return h != nil && h.hungElsewhere.L
 
 // dumping reports whether stuck workers are dumping their stacks: a stop
 // now would cut their dumps short.
-func (h *hangCheck) dumping() bool { return h.hung() && h.pending > 0 && h.dumpWait != nil }
+func (h *hangCheck) dumping() bool { return h.hung() && h.pending > 0 }
 
 // check reads the counters; on a hang it logs the stuck ranks and
 // signals them to dump their stacks.

@@ -104,19 +104,15 @@ func checkAll(ctx context.Context, pg *dist.ProcessGroup, want string, n int, st
 		if err != nil {
 			fmt.Fprintf(stderr, "gpucheck: rank %d: %s: %v\n", pg.Rank(), c.name, err)
 		}
-		// Every rank learns how many ranks failed, over the host.
-		failing := []int32{0}
-		if err != nil {
-			failing[0] = 1
+		failing, serr := failingRanks(ctx, pg, err != nil)
+		if serr != nil {
+			return fmt.Errorf("sharing the result of %s: %w", c.name, serr)
 		}
-		if err := pg.AllReduce(ctx, dist.Of(failing), dist.Sum); err != nil {
-			return fmt.Errorf("sharing the result of %s: %w", c.name, err)
-		}
-		if failing[0] == 0 {
+		if failing == 0 {
 			say("PASS  %-36s %10.3f ms", c.name, float64(took.Microseconds())/1000)
 		} else {
 			failed++
-			say("FAIL  %-36s on %d of %d ranks (their errors are above)", c.name, failing[0], pg.Size())
+			say("FAIL  %-36s on %d of %d ranks (their errors are above)", c.name, failing, pg.Size())
 		}
 	}
 	say("gpucheck: %d of %d checks passed on backend %s", len(checks)-failed, len(checks), pg.Backend())
@@ -124,6 +120,16 @@ func checkAll(ctx context.Context, pg *dist.ProcessGroup, want string, n int, st
 		return fmt.Errorf("%d of %d checks failed", failed, len(checks))
 	}
 	return nil
+}
+
+// failingRanks tells every rank how many ranks failed, over the host.
+func failingRanks(ctx context.Context, pg *dist.ProcessGroup, failed bool) (int32, error) {
+	failing := []int32{0}
+	if failed {
+		failing[0] = 1
+	}
+	err := pg.AllReduce(ctx, dist.Of(failing), dist.Sum)
+	return failing[0], err
 }
 
 // A check is one operation, run on host tensors and on device copies of

@@ -43,15 +43,12 @@ func checkWatchdog(ctx context.Context, pg *dist.ProcessGroup, timeout time.Dura
 	if bad != nil {
 		fmt.Fprintf(stderr, "gpucheck: rank %d: watchdog: %v\n", pg.Rank(), bad)
 	}
-	failing := []int32{0}
-	if bad != nil {
-		failing[0] = 1
-	}
-	if err := pg.AllReduce(ctx, dist.Of(failing), dist.Sum); err != nil {
+	failing, err := failingRanks(ctx, pg, bad != nil)
+	if err != nil {
 		return fmt.Errorf("over the host after the abort: %w", err)
 	}
-	if failing[0] > 0 {
-		return fmt.Errorf("watchdog: %d of %d ranks did not abort as they should (their errors are above)", failing[0], held)
+	if failing > 0 {
+		return fmt.Errorf("watchdog: %d of %d ranks did not abort as they should (their errors are above)", failing, held)
 	}
 	if pg.Rank() == 0 {
 		fmt.Fprintf(stdout, "PASS  watchdog: %d ranks aborted the all_reduce rank %d held back from after %v, and reached it over the host\n", held, held, timeout)
